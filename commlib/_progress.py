@@ -1,0 +1,183 @@
+"""Driving operations to completion: ``Work``, the poll loop and the timeout.
+
+Every operation is a generator that yields lists of backend handles and finishes its local work
+(copy-back, AVG division) after the last one. One loop, :func:`_drive`, completes them all:
+
+* it polls ``backend.test`` with ``sched_yield`` between polls (a pure spin starves the other ranks
+  when they outnumber the cores), checking the deadline every few polls, so a stuck operation
+  becomes ``CommTimeoutError`` naming the op, the group and its sequence number; with no timeout
+  and nothing else pending it blocks in the engine instead;
+* while one operation waits, every other pending asynchronous operation is advanced too, so ranks
+  that wait on asynchronous multi-step operations in different orders cannot deadlock.
+
+Blocking calls run the generator directly, without allocating a ``Work``: this path is the
+latency of every small collective.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Generator
+
+from .errors import CommStateError, CommTimeoutError
+
+__all__ = ["Work", "completed_work", "start"]
+
+_yield = os.sched_yield if hasattr(os, "sched_yield") else (lambda: time.sleep(0))
+_clock = time.monotonic
+
+# Outstanding asynchronous works of every group, in issue order.
+_PENDING: list["Work"] = []
+
+
+def _expire(group, what: str, seq: int, limit: float):
+    message = (
+        f"commlib.{what}: operation #{seq} on group {group.name!r} (size {group.size}) did not "
+        f"complete within {limit:g} s on rank {group.rank}. The other ranks are calling a "
+        f"different operation, or one of them stopped. Fix: run with COMMLIB_DEBUG=1 to name the "
+        f"ranks that disagree, or raise COMMLIB_TIMEOUT if the operation is just slow."
+    )
+    group.broken = message
+    raise CommTimeoutError(message)
+
+
+def _drive(gen, handles, group, what: str, seq: int, limit: float | None, me=None):
+    """Complete ``gen`` (currently waiting on ``handles``); return its value."""
+    backend = group.backend
+    send = gen.send
+    try:
+        if limit is None and not (_PENDING and any(w is not me for w in _PENDING)):
+            while True:  # no deadline and nothing else to advance: block in the engine
+                backend.wait(handles)
+                handles = send(None)
+        deadline = None
+        polls = 0
+        test = backend.test
+        while True:
+            if test(handles):
+                handles = send(None)
+                continue
+            polls += 1
+            if _PENDING:
+                for other in tuple(_PENDING):
+                    if other is not me:
+                        other._poll()
+            if polls & 63 == 0 and limit is not None:
+                now = _clock()
+                if deadline is None:
+                    deadline = now + limit
+                elif now > deadline:
+                    _expire(group, what, seq, limit)
+            _yield()
+    except StopIteration as done:
+        return done.value
+
+
+class Work:
+    """Handle of an operation, as returned with ``async_op=True`` (torch.distributed's ``Work``)."""
+
+    __slots__ = ("_gen", "_handles", "_group", "_what", "_seq", "_done", "_result", "_timeout")
+
+    def __init__(self, gen: Generator, group, what: str, seq: int, timeout: float | None):
+        self._gen, self._group, self._what, self._seq = gen, group, what, seq
+        self._timeout = timeout
+        self._done = False
+        self._result = None
+        try:
+            self._handles = next(gen)  # run the preparation and post the first step now
+        except StopIteration as done:
+            self._done, self._result = True, done.value
+
+    def _finish(self, result) -> None:
+        self._done, self._result, self._handles = True, result, None
+        try:
+            _PENDING.remove(self)
+        except ValueError:
+            pass
+
+    def _poll(self) -> bool:
+        """Advance as far as possible without blocking; True when done."""
+        if self._done:
+            return True
+        backend = self._group.backend
+        try:
+            while backend.test(self._handles):
+                self._handles = next(self._gen)
+        except StopIteration as done:
+            self._finish(done.value)
+        except BaseException:
+            self._finish(None)
+            raise
+        return self._done
+
+    def is_completed(self) -> bool:
+        """True once the operation has finished (and its output is ready); never blocks."""
+        return self._poll()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the operation completes; ``timeout`` in seconds or a ``timedelta``
+        (default: the group's ``COMMLIB_TIMEOUT``). Raises ``CommTimeoutError`` when it
+        expires. Returns True."""
+        if self._done:
+            return True
+        limit = self._timeout if timeout is None else _seconds(timeout)
+        try:
+            result = _drive(self._gen, self._handles, self._group, self._what, self._seq, limit,
+                            me=self)
+        except BaseException:
+            self._finish(None)
+            raise
+        self._finish(result)
+        return True
+
+    def result(self):
+        """What the operation returned (the sender's world rank for ``irecv``), after waiting."""
+        self.wait()
+        return self._result
+
+    def __repr__(self) -> str:
+        state = "completed" if self._done else "pending"
+        return f"<commlib.Work {self._what} #{self._seq} on {self._group.name!r} ({state})>"
+
+
+class _Completed(Work):
+    """A Work that finished at creation (empty tensors)."""
+
+    __slots__ = ()
+
+    def __init__(self, result=None):
+        self._done, self._result, self._handles = True, result, None
+
+    def __repr__(self) -> str:
+        return "<commlib.Work (completed)>"
+
+
+def completed_work(result=None) -> Work:
+    return _Completed(result)
+
+
+def _seconds(timeout) -> float | None:
+    if hasattr(timeout, "total_seconds"):  # datetime.timedelta, as torch's Work.wait takes
+        timeout = timeout.total_seconds()
+    timeout = float(timeout)
+    return None if timeout <= 0 else timeout
+
+
+def start(gen: Generator, group, what: str, seq: int, async_op: bool):
+    """Run an operation: block until done and return its value, or return its ``Work``."""
+    if group.broken is not None:
+        raise CommStateError(
+            f"commlib.{what}: group {group.name!r} is unusable after an earlier failure "
+            f"({group.broken}) Fix: restart the job."
+        )
+    if async_op:
+        work = Work(gen, group, what, seq, group.timeout)
+        if not work._done:
+            _PENDING.append(work)
+        return work
+    try:
+        handles = next(gen)
+    except StopIteration as done:
+        return done.value
+    return _drive(gen, handles, group, what, seq, group.timeout)

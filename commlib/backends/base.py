@@ -1,0 +1,123 @@
+"""The interface every backend implements.
+
+A backend instance is one communicator: the ranks of one group, numbered 0..size-1. It moves flat,
+contiguous torch tensors (the API layer has already flattened, made contiguous, upcast half
+precision for reductions and turned bool into uint8). Every operation is non-blocking and returns a
+request handle; ``test`` and ``wait`` complete lists of handles. This one shape serves the
+blocking calls, ``async_op=True`` and the timeout loop alike.
+
+Two channels keep commlib's own traffic apart from the user's: ``isend``/``irecv`` with
+``user=False`` (algorithm steps, tagged by collective sequence number) never match a user's
+``commlib.send``/``recv`` on the same ranks (``user=True``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from ..ops import ReduceOp
+
+__all__ = ["Backend", "Handle"]
+
+Handle = Any  # a backend's request object
+
+
+class Backend:
+    """Abstract communicator. Subclasses register themselves with ``@register_backend(name)``."""
+
+    name: str = "?"
+    #: dtypes the engine reduces natively with acceptable accumulation; others are upcast first.
+    native_reduce_dtypes: frozenset = frozenset(
+        {torch.float32, torch.float64, torch.int8, torch.uint8, torch.int32, torch.int64}
+    )
+    #: ops the engine's native collectives implement (AVG is always SUM + division by commlib).
+    native_ops: frozenset = frozenset(ReduceOp) - {ReduceOp.AVG}
+    #: which device types the backend can move ("cpu", "cuda").
+    devices: frozenset = frozenset({"cpu"})
+
+    rank: int
+    size: int
+
+    # ----- construction -------------------------------------------------------------------
+    @classmethod
+    def create_world(cls, **options) -> "Backend":
+        """Create the world communicator (called once, by ``commlib.init``)."""
+        raise NotImplementedError
+
+    def new_subgroup(self, ranks: Sequence[int]) -> "Backend | None":
+        """Collective over this communicator: a communicator of ``ranks`` (ranks of ``self``, in
+        the order given), or None on ranks not in it."""
+        raise NotImplementedError
+
+    def split_lines(self, lines: Sequence[Sequence[int]]) -> "Backend | None":
+        """Collective over this communicator: ``lines`` partitions its ranks (every rank passes
+        the same list); return the communicator of the line holding this rank."""
+        mine = None
+        for line in lines:
+            sub = self.new_subgroup(line)
+            if sub is not None:
+                mine = sub
+        return mine
+
+    def global_ranks(self) -> list[int]:
+        """World rank of each rank of this communicator."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def abort(self, code: int = 1) -> None:
+        """End every process of the job (used for uncaught exceptions under a launcher)."""
+        import os
+
+        os._exit(code)
+
+    # ----- completion ---------------------------------------------------------------------
+    def test(self, handles: list) -> bool:
+        """True when every handle has completed (advancing progress); never blocks."""
+        raise NotImplementedError
+
+    def wait(self, handles: list) -> None:
+        """Block until every handle has completed (no timeout)."""
+        raise NotImplementedError
+
+    def source_of(self, handle) -> int | None:
+        """For a completed ``irecv(..., peer=None)``: the rank the message came from."""
+        return None
+
+    # ----- point-to-point -----------------------------------------------------------------
+    def isend(self, buf: torch.Tensor, peer: int, tag: int, user: bool = False) -> Handle:
+        raise NotImplementedError
+
+    def irecv(self, buf: torch.Tensor, peer: int | None, tag: int, user: bool = False) -> Handle:
+        raise NotImplementedError
+
+    # ----- native collectives (all in place on flat contiguous tensors) ---------------------
+    def all_reduce(self, buf: torch.Tensor, op: ReduceOp) -> Handle:
+        raise NotImplementedError
+
+    def broadcast(self, buf: torch.Tensor, root: int) -> Handle:
+        raise NotImplementedError
+
+    def reduce(self, buf: torch.Tensor, op: ReduceOp, root: int) -> Handle:
+        """Result in ``buf`` on ``root``; other ranks' ``buf`` is left unchanged."""
+        raise NotImplementedError
+
+    def all_gather(self, out: torch.Tensor, inp: torch.Tensor) -> Handle:
+        """``out`` holds ``size`` blocks of ``inp.numel()``, block i from rank i."""
+        raise NotImplementedError
+
+    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: ReduceOp) -> Handle:
+        """``inp`` holds ``size`` blocks of ``out.numel()``; rank i gets the reduced block i."""
+        raise NotImplementedError
+
+    def all_to_all(
+        self, out: torch.Tensor, inp: torch.Tensor, out_counts: list[int], in_counts: list[int]
+    ) -> Handle:
+        """Element counts per peer; blocks laid out in rank order."""
+        raise NotImplementedError
+
+    def barrier(self) -> Handle:
+        raise NotImplementedError

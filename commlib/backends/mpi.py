@@ -1,0 +1,211 @@
+"""MPI through mpi4py.
+
+CPU tensors reach MPI as NumPy views (no copy). CUDA tensors are handed over directly (DLPack /
+``__cuda_array_interface__``) when MPI is CUDA-aware, after the current stream is synchronized so
+that MPI reads finished data. Each communicator is duplicated twice at creation: one context for
+commlib's collectives and algorithm steps, one for the user's point-to-point, so tags never clash.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from mpi4py import MPI
+
+from .. import config
+from ..errors import CommBackendError
+from ..ops import ReduceOp
+from . import register_backend
+from .base import Backend
+
+_MPI_OPS = {
+    ReduceOp.SUM: MPI.SUM,
+    ReduceOp.AVG: MPI.SUM,  # divided by commlib afterwards
+    ReduceOp.PRODUCT: MPI.PROD,
+    ReduceOp.MIN: MPI.MIN,
+    ReduceOp.MAX: MPI.MAX,
+    ReduceOp.BAND: MPI.BAND,
+    ReduceOp.BOR: MPI.BOR,
+    ReduceOp.BXOR: MPI.BXOR,
+}
+
+# Reductions need the element type; pure data movement goes as bytes, which covers every dtype
+# (float16 and bfloat16 included, which MPI cannot reduce).
+_BYTES = torch.uint8
+
+
+def _cuda_aware() -> bool:
+    forced = config.get("cuda_aware_mpi")
+    if forced is not None:
+        return bool(forced)
+    query = getattr(MPI, "Query_cuda_support", None)
+    try:
+        return bool(query()) if query else False
+    except Exception:  # noqa: BLE001 - an MPI without the query is simply not known to be aware
+        return False
+
+
+class _AnySource:
+    """An ``Irecv`` from MPI.ANY_SOURCE that keeps its status to tell the sender."""
+
+    __slots__ = ("req", "status", "done")
+
+    def __init__(self, req):
+        self.req = req
+        self.status = MPI.Status()
+        self.done = False
+
+    def test(self) -> bool:
+        if not self.done:
+            self.done = self.req.Test(self.status)
+        return self.done
+
+
+@register_backend("mpi")
+class MPIBackend(Backend):
+    devices = frozenset({"cpu", "cuda"})
+
+    def __init__(self, comm: "MPI.Comm"):
+        self.comm = comm.Dup()
+        self.user = comm.Dup()
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        self._cuda_aware: bool | None = None
+
+    @classmethod
+    def create_world(cls, **options) -> "MPIBackend":
+        if not MPI.Is_initialized():
+            MPI.Init()
+        return cls(MPI.COMM_WORLD)
+
+    def new_subgroup(self, ranks: Sequence[int]) -> "MPIBackend | None":
+        ranks = list(ranks)
+        member = self.rank in ranks
+        color = 0 if member else MPI.UNDEFINED
+        key = ranks.index(self.rank) if member else 0
+        sub = self.comm.Split(color, key)
+        if sub == MPI.COMM_NULL:
+            return None
+        try:
+            return MPIBackend(sub)
+        finally:
+            sub.Free()
+
+    def split_lines(self, lines):
+        for color, line in enumerate(lines):
+            if self.rank in line:
+                sub = self.comm.Split(color, list(line).index(self.rank))
+                try:
+                    return MPIBackend(sub)
+                finally:
+                    sub.Free()
+        raise ValueError(f"rank {self.rank} is in no line of {lines}")
+
+    def global_ranks(self) -> list[int]:
+        world = MPI.COMM_WORLD.Get_group()
+        mine = self.comm.Get_group()
+        try:
+            return list(MPI.Group.Translate_ranks(mine, list(range(self.size)), world))
+        finally:
+            mine.Free()
+            world.Free()
+
+    def close(self) -> None:
+        for comm in (self.comm, self.user):
+            if comm != MPI.COMM_NULL and not MPI.Is_finalized():
+                comm.Free()
+
+    def abort(self, code: int = 1) -> None:
+        MPI.COMM_WORLD.Abort(code)
+
+    # ----- buffers ------------------------------------------------------------------------
+    def _buf(self, t: torch.Tensor, raw: bool = False):
+        """A buffer MPI can read: a NumPy view for CPU, the tensor itself for CUDA."""
+        if raw and t.dtype is not _BYTES:
+            t = t.view(-1).view(_BYTES)
+        if not t.is_cuda:
+            return t.numpy()
+        if self._cuda_aware is None:
+            self._cuda_aware = _cuda_aware()
+        if not self._cuda_aware:
+            raise CommBackendError(
+                "commlib: backend 'mpi' was given a CUDA tensor but this MPI is not CUDA-aware. "
+                "Fix: init with backend='nccl' (or 'torch' over NCCL), set "
+                "COMMLIB_CUDA_AWARE_MPI=1 if your MPI is CUDA-aware, or move the tensor to CPU."
+            )
+        torch.cuda.current_stream(t.device).synchronize()
+        return t
+
+    # ----- completion ---------------------------------------------------------------------
+    def test(self, handles: list) -> bool:
+        for h in handles:
+            if isinstance(h, _AnySource):
+                if not h.test():
+                    return False
+            elif not h.Test():
+                return False
+        return True
+
+    def wait(self, handles: list) -> None:
+        for h in handles:
+            if isinstance(h, _AnySource):
+                if not h.done:
+                    h.req.Wait(h.status)
+                    h.done = True
+            else:
+                h.Wait()
+
+    def source_of(self, handle) -> int | None:
+        return handle.status.Get_source() if isinstance(handle, _AnySource) else None
+
+    # ----- point-to-point -----------------------------------------------------------------
+    def isend(self, buf, peer, tag, user=False):
+        comm = self.user if user else self.comm
+        return comm.Isend(self._buf(buf, raw=True), peer, tag)
+
+    def irecv(self, buf, peer, tag, user=False):
+        comm = self.user if user else self.comm
+        if peer is None:
+            return _AnySource(comm.Irecv(self._buf(buf, raw=True), MPI.ANY_SOURCE, tag))
+        return comm.Irecv(self._buf(buf, raw=True), peer, tag)
+
+    # ----- native collectives -------------------------------------------------------------
+    def all_reduce(self, buf, op):
+        return self.comm.Iallreduce(MPI.IN_PLACE, self._buf(buf), _MPI_OPS[op])
+
+    def broadcast(self, buf, root):
+        return self.comm.Ibcast(self._buf(buf, raw=True), root)
+
+    def reduce(self, buf, op, root):
+        if self.rank == root:
+            return self.comm.Ireduce(MPI.IN_PLACE, self._buf(buf), _MPI_OPS[op], root)
+        return self.comm.Ireduce(self._buf(buf), None, _MPI_OPS[op], root)
+
+    def all_gather(self, out, inp):
+        return self.comm.Iallgather(self._buf(inp, raw=True), self._buf(out, raw=True))
+
+    def reduce_scatter(self, out, inp, op):
+        return self.comm.Ireduce_scatter_block(self._buf(inp), self._buf(out), _MPI_OPS[op])
+
+    def all_to_all(self, out, inp, out_counts, in_counts):
+        item = inp.element_size()
+        scount = [c * item for c in in_counts]
+        rcount = [c * item for c in out_counts]
+        sdispl = _displacements(scount)
+        rdispl = _displacements(rcount)
+        return self.comm.Ialltoallv(
+            [self._buf(inp, raw=True), (scount, sdispl), MPI.BYTE],
+            [self._buf(out, raw=True), (rcount, rdispl), MPI.BYTE],
+        )
+
+    def barrier(self):
+        return self.comm.Ibarrier()
+
+
+def _displacements(counts: list[int]) -> list[int]:
+    out, acc = [], 0
+    for c in counts:
+        out.append(acc)
+        acc += c
+    return out

@@ -1,0 +1,106 @@
+"""A world of one process: no engine, every collective is a local copy.
+
+``commlib.init()`` in a plain process (no launcher, no torch.distributed) uses it, so that code
+written for many ranks runs unchanged on one.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from . import register_backend
+from .base import Backend
+
+
+class _Done:
+    __slots__ = ()
+
+
+_DONE = _Done()
+
+
+class _Recv:
+    __slots__ = ("buf", "tag", "user", "done")
+
+    def __init__(self, buf, tag, user):
+        self.buf, self.tag, self.user, self.done = buf, tag, user, False
+
+
+@register_backend("self")
+class SelfBackend(Backend):
+    devices = frozenset({"cpu", "cuda"})
+
+    def __init__(self):
+        self.rank, self.size = 0, 1
+        self._sent: dict[tuple[bool, int], deque] = {}
+        self._posted: list[_Recv] = []
+
+    @classmethod
+    def create_world(cls, **options) -> "SelfBackend":
+        return cls()
+
+    def new_subgroup(self, ranks):
+        return SelfBackend() if 0 in ranks else None
+
+    def global_ranks(self):
+        return [0]
+
+    # A message to oneself: the send is buffered (copied), the receive matches in order by tag.
+    def _match(self):
+        for r in self._posted:
+            if not r.done:
+                queue = self._sent.get((r.user, r.tag))
+                if queue:
+                    r.buf.copy_(queue.popleft().view(r.buf.dtype).reshape(r.buf.shape))
+                    r.done = True
+        self._posted = [r for r in self._posted if not r.done]
+
+    def test(self, handles):
+        self._match()
+        return all(h is _DONE or h.done for h in handles)
+
+    def wait(self, handles):
+        if not self.test(handles):
+            from ..errors import CommStateError
+
+            raise CommStateError(
+                "commlib: a receive in a world of one process has no matching send. "
+                "Fix: post the matching commlib.isend to rank 0 first."
+            )
+
+    def source_of(self, handle):
+        return 0
+
+    def isend(self, buf, peer, tag, user=False):
+        self._sent.setdefault((user, tag), deque()).append(buf.clone())
+        return _DONE
+
+    def irecv(self, buf, peer, tag, user=False):
+        r = _Recv(buf, tag, user)
+        self._posted.append(r)
+        self._match()
+        return r
+
+    def all_reduce(self, buf, op):
+        return _DONE
+
+    def broadcast(self, buf, root):
+        return _DONE
+
+    def reduce(self, buf, op, root):
+        return _DONE
+
+    def all_gather(self, out, inp):
+        out.copy_(inp)
+        return _DONE
+
+    def reduce_scatter(self, out, inp, op):
+        out.copy_(inp)
+        return _DONE
+
+    def all_to_all(self, out, inp, out_counts, in_counts):
+        out.copy_(inp)
+        return _DONE
+
+    def barrier(self):
+        return _DONE

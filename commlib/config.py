@@ -1,0 +1,141 @@
+"""One config surface: keyword argument > ``COMMLIB_*`` environment variable > default.
+
+Every option lives in :data:`OPTIONS`; ``docs/configuration.md`` is generated from the same table
+(``python -m commlib.config``). An unknown ``COMMLIB_*`` variable raises at :func:`commlib.init`, so
+that a typo is an error and not a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .errors import CommConfigError
+
+__all__ = ["Option", "OPTIONS", "get", "check_environment", "markdown_table"]
+
+
+def _parse_bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("expected one of 1/0, true/false, yes/no, on/off")
+
+
+def _parse_timeout(text: str) -> float | None:
+    value = float(text)
+    if value < 0:
+        raise ValueError("must be >= 0 seconds (0 disables the timeout)")
+    return None if value == 0 else value
+
+
+def _parse_level(text: str) -> str:
+    level = text.strip().upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ValueError("expected DEBUG, INFO, WARNING or ERROR")
+    return level
+
+
+def _parse_optional_str(text: str) -> str | None:
+    text = text.strip()
+    return text or None
+
+
+def _parse_tristate(text: str) -> bool | None:
+    low = text.strip().lower()
+    return None if low in ("", "auto") else _parse_bool(low)
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str  # keyword name
+    default: Any
+    parse: Callable[[str], Any]
+    doc: str
+
+    @property
+    def env(self) -> str:
+        return "COMMLIB_" + self.name.upper()
+
+
+OPTIONS: dict[str, Option] = {
+    o.name: o
+    for o in [
+        Option("backend", None, _parse_optional_str,
+               "Backend of the world group: `mpi`, `torch`, `nccl` or `self`. Default: detected "
+               "(torch.distributed already initialized -> `torch`; launched by mpirun/mpiexec -> "
+               "`mpi`; launched by torchrun -> `torch`; otherwise one process, `self`)."),
+        Option("algo", None, _parse_optional_str,
+               "Force one algorithm for every collective that has it (`native`, `ring`, "
+               "`recursive_doubling`, `rabenseifner`, `binomial`); collectives without it keep "
+               "the automatic choice. The `algorithm=` keyword of a call wins over it."),
+        Option("timeout", 600.0, _parse_timeout,
+               "Seconds before a stuck operation raises `CommTimeoutError` naming the op, group "
+               "and sequence number. `0` disables the timeout (blocking engine calls)."),
+        Option("debug", False, _parse_bool,
+               "Exchange a fingerprint (collective, shape, dtype, op, root) before every "
+               "collective; ranks that disagree raise `CommMismatchError` on every rank."),
+        Option("log", "WARNING", _parse_level,
+               "Log level of the `commlib` logger. `INFO` logs each choice (backend, algorithm, "
+               "topology source), like `NCCL_DEBUG=INFO`."),
+        Option("small_msg_bytes", 65536, int,
+               "Size threshold (bytes) of the built-in algorithm choice until the tuning model "
+               "replaces it: below it latency-bound algorithms, at and above it bandwidth-bound."),
+        Option("cuda_aware_mpi", None, _parse_tristate,
+               "Whether MPI may be given CUDA buffers: `1`, `0` or `auto` (default, asks "
+               "`MPIX_Query_cuda_support` where the MPI library has it)."),
+        Option("abort_on_exception", True, _parse_bool,
+               "Under mpirun, an uncaught exception on one rank aborts the whole job "
+               "(`MPI_Abort`) instead of leaving the other ranks waiting."),
+    ]
+}
+
+
+def get(name: str, value: Any = None) -> Any:
+    """Resolve option ``name``: ``value`` if not None, else its environment variable, else default."""
+    if value is not None:
+        return value
+    opt = OPTIONS[name]
+    text = os.environ.get(opt.env)
+    if text is None:
+        return opt.default
+    try:
+        return opt.parse(text)
+    except ValueError as exc:
+        raise CommConfigError(
+            f"commlib: environment variable {opt.env}={text!r} is malformed: {exc}. "
+            f"Fix: set it to a valid value or unset it (default {opt.default!r})."
+        ) from None
+
+
+def check_environment(environ=None) -> None:
+    """Raise on ``COMMLIB_*`` variables that name no option (a typo) or do not parse."""
+    environ = os.environ if environ is None else environ
+    known = {o.env for o in OPTIONS.values()}
+    # Variables read by tests or tools outside the option table.
+    known |= {"COMMLIB_TEST_HOST", "COMMLIB_TOPO_FILE", "COMMLIB_TUNING_FILE"}
+    for key in environ:
+        if key.startswith("COMMLIB_") and key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f"did you mean {close[0]}?" if close else "see docs/configuration.md"
+            raise CommConfigError(
+                f"commlib: unknown environment variable {key}: it names no commlib option. "
+                f"Fix: {hint} (or unset it)."
+            )
+    for opt in OPTIONS.values():
+        get(opt.name)
+
+
+def markdown_table() -> str:
+    rows = ["| variable | keyword | default | meaning |", "|---|---|---|---|"]
+    for o in OPTIONS.values():
+        rows.append(f"| `{o.env}` | `{o.name}` | `{o.default!r}` | {o.doc} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_table())

@@ -1,0 +1,356 @@
+"""Initialization, groups and meshes."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import math
+import os
+import sys
+from typing import Sequence
+
+from . import config
+from .backends import get_backend_class
+from .backends.base import Backend
+from .errors import CommArgumentError, CommStateError, arg_error
+
+__all__ = [
+    "Group", "Mesh", "init", "finalize", "is_initialized", "get_rank", "get_world_size",
+    "new_group", "get_world_group",
+]
+
+log = logging.getLogger("commlib")
+
+
+class Group:
+    """A set of ranks that run collectives together.
+
+    ``ranks`` are world ranks in group order; ``rank`` is this process's rank in the group (-1 when
+    it is not a member). Groups are created collectively by :func:`new_group` and :class:`Mesh`.
+    """
+
+    def __init__(self, backend: Backend | None, ranks: Sequence[int], name: str, timeout, debug):
+        self.backend = backend
+        self.ranks = tuple(ranks)
+        self.size = len(self.ranks)
+        self.rank = backend.rank if backend is not None else -1
+        self.name = name
+        self.timeout = timeout
+        self.debug = debug
+        self.seq = 0
+        self.broken: str | None = None
+        self._index = {r: i for i, r in enumerate(self.ranks)}
+
+    @property
+    def is_member(self) -> bool:
+        return self.backend is not None
+
+    def group_rank(self, global_rank: int) -> int:
+        """This group's rank of world rank ``global_rank`` (-1 if not a member)."""
+        return self._index.get(global_rank, -1)
+
+    def global_rank(self, group_rank: int) -> int:
+        return self.ranks[group_rank]
+
+    def __repr__(self) -> str:
+        backend = self.backend.name if self.backend is not None else "not a member"
+        return f"<commlib.Group {self.name!r} size={self.size} rank={self.rank} backend={backend}>"
+
+
+class _State:
+    world: Group | None = None
+    backend_name: str | None = None
+    groups: list[Group] = []
+    excepthook = None
+
+
+_state = _State()
+
+
+# ----- initialization ---------------------------------------------------------------------
+_MPI_ENV = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALRANKID",
+            "MV2_COMM_WORLD_SIZE", "PMI_FD")
+
+
+def _detect_backend() -> str:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return "torch"
+    except ImportError:
+        pass
+    env = os.environ
+    if any(k in env for k in _MPI_ENV):
+        return "mpi"
+    if "TORCHELASTIC_RUN_ID" in env or all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR")):
+        return "torch"
+    return "self"
+
+
+def init(backend: str | None = None, *, timeout: float | None = None, debug: bool | None = None,
+         log_level: str | None = None) -> Group:
+    """Initialize commlib and return the world group.
+
+    With no argument it works under ``mpirun``/``mpiexec`` (backend ``mpi``), under ``torchrun``
+    (``torch``), after ``torch.distributed.init_process_group`` (``torch``, on the default process
+    group) and in a single plain process (``self``, world size 1). Calling it again returns the
+    same world group.
+
+    Args:
+        backend: ``"mpi"``, ``"torch"``, ``"nccl"`` or ``"self"``; default ``COMMLIB_BACKEND`` or
+            detected from the launcher.
+        timeout: seconds before a stuck operation raises ``CommTimeoutError`` (0: none); default
+            ``COMMLIB_TIMEOUT`` or 600.
+        debug: check before every collective that all ranks agree; default ``COMMLIB_DEBUG``.
+        log_level: level of the ``commlib`` logger; default ``COMMLIB_LOG`` or WARNING.
+    """
+    if _state.world is not None:
+        if backend is not None and backend != _state.backend_name:
+            raise CommStateError(
+                f"commlib.init(): already initialized with backend {_state.backend_name!r}, "
+                f"asked for {backend!r}. Fix: call commlib.finalize() first."
+            )
+        return _state.world
+    config.check_environment()
+    level = config.get("log", log_level)
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("commlib %(levelname)s: %(message)s"))
+        log.addHandler(handler)
+    log.setLevel(level)
+    if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
+        raise arg_error("init", "timeout", timeout, "must be a number of seconds >= 0",
+                        "pass e.g. timeout=300, or 0 for no timeout")
+    name = config.get("backend", backend)
+    source = "argument" if backend else ("COMMLIB_BACKEND" if name else "detected")
+    name = name or _detect_backend()
+    cls = get_backend_class(name)
+    world_backend = cls.create_world()
+    timeout_s = config.get("timeout", timeout)
+    timeout_s = None if not timeout_s else float(timeout_s)
+    world = Group(world_backend, world_backend.global_ranks(), "world", timeout_s,
+                  bool(config.get("debug", debug)))
+    _state.world, _state.backend_name, _state.groups = world, name, [world]
+    log.info("rank %d/%d: backend %s (%s), timeout %s, debug %s", world.rank, world.size, name,
+             source, timeout_s, world.debug)
+    if name in ("mpi", "nccl") and world.size > 1 and config.get("abort_on_exception"):
+        _install_abort_hook(world_backend)
+    return world
+
+
+def _install_abort_hook(backend: Backend) -> None:
+    """An uncaught exception on one rank ends the job rather than leaving the others waiting."""
+    previous = sys.excepthook
+
+    def hook(exc_type, exc, tb):
+        previous(exc_type, exc, tb)
+        sys.stderr.flush()
+        sys.stdout.flush()
+        backend.abort(1)
+
+    _state.excepthook = previous
+    sys.excepthook = hook
+
+
+def finalize() -> None:
+    """Release every group commlib created. ``init()`` may be called again afterwards."""
+    if _state.world is None:
+        return
+    for group in reversed(_state.groups):
+        if group.backend is not None:
+            group.backend.close()
+    if _state.excepthook is not None:
+        sys.excepthook = _state.excepthook
+        _state.excepthook = None
+    _state.world, _state.backend_name, _state.groups = None, None, []
+
+
+atexit.register(finalize)
+
+
+def is_initialized() -> bool:
+    return _state.world is not None
+
+
+def get_world_group() -> Group:
+    if _state.world is None:
+        raise CommStateError("commlib: not initialized. Fix: call commlib.init() first.")
+    return _state.world
+
+
+def resolve_group(group, fn: str) -> Group:
+    """The group a call runs on (default: world), checked to contain this rank."""
+    if group is None:
+        world = _state.world
+        if world is None:
+            world = init()
+        return world
+    if isinstance(group, Mesh):
+        raise arg_error(fn, "group", group, "a Mesh is not a group",
+                        "pass mesh.group('name') for one mesh dimension", CommArgumentError)
+    if not isinstance(group, Group):
+        from .errors import CommTypeError
+
+        raise arg_error(fn, "group", group, "must be a commlib.Group or None",
+                        "create groups with commlib.new_group(ranks) or commlib.Mesh", CommTypeError)
+    if group.backend is None:
+        raise CommStateError(
+            f"commlib.{fn}(): this rank (world rank {get_world_group().rank}) is not a member of "
+            f"group {group.name!r} (world ranks {list(group.ranks)}). Fix: call collectives on a "
+            f"group only from its members."
+        )
+    return group
+
+
+def get_rank(group: Group | None = None) -> int:
+    """This process's rank in ``group`` (default: world); -1 if it is not a member."""
+    if group is None:
+        return get_world_group().rank
+    return group.rank
+
+
+def get_world_size(group: Group | None = None) -> int:
+    return (get_world_group() if group is None else group).size
+
+
+def _check_ranks(fn: str, ranks, world_size: int) -> list[int]:
+    try:
+        ranks = [int(r) for r in ranks]
+    except (TypeError, ValueError):
+        raise arg_error(fn, "ranks", ranks, "must be a sequence of world ranks",
+                        "pass e.g. [0, 2]") from None
+    bad = [r for r in ranks if not 0 <= r < world_size]
+    if bad:
+        raise arg_error(fn, "ranks", ranks, f"ranks {bad} are outside the world (size {world_size})",
+                        f"use ranks in 0..{world_size - 1}")
+    if len(set(ranks)) != len(ranks) or not ranks:
+        raise arg_error(fn, "ranks", ranks, "must be non-empty with no repeated rank",
+                        "list each rank once")
+    return ranks
+
+
+def new_group(ranks: Sequence[int] | None = None, *, name: str | None = None,
+              timeout: float | None = None) -> Group:
+    """Create a group of world ranks ``ranks`` (in that order; default all).
+
+    Collective over the world: every rank calls it with the same ``ranks``, as with
+    ``torch.distributed.new_group``. Ranks outside ``ranks`` get a Group whose ``rank`` is -1 and
+    on which collectives raise ``CommStateError``.
+    """
+    world = get_world_group()
+    ranks = list(range(world.size)) if ranks is None else _check_ranks("new_group", ranks, world.size)
+    backend = world.backend.new_subgroup(ranks)
+    name = name or f"group{len(_state.groups)}{_short(ranks)}"
+    group = Group(backend, ranks, name,
+                  world.timeout if timeout is None else (timeout or None), world.debug)
+    _state.groups.append(group)
+    return group
+
+
+def _short(ranks: Sequence[int]) -> str:
+    ranks = list(ranks)
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"[{ranks[0]}-{ranks[-1]}]"
+    return "[" + ",".join(map(str, ranks)) + "]"
+
+
+class Mesh:
+    """Ranks of a group laid out row-major on an n-dimensional grid, with one subgroup per
+    dimension for every rank.
+
+    Collective over ``group`` (default world). ``mesh.group(d)`` is the group of ranks that differ
+    from this rank only along dimension ``d`` (an index or a name from ``dim_names``).
+
+    Example (4 ranks, ``Mesh((2, 2), ("dp", "tp"))``)::
+
+        rank 0: coords (0, 0), group("dp") = ranks [0, 2], group("tp") = ranks [0, 1]
+        rank 3: coords (1, 1), group("dp") = ranks [1, 3], group("tp") = ranks [2, 3]
+    """
+
+    def __init__(self, shape: Sequence[int] | int, dim_names: Sequence[str] | None = None, *,
+                 group: Group | None = None):
+        parent = resolve_group(group, "Mesh")
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        if not shape or any(not isinstance(s, int) or s < 1 for s in shape):
+            raise arg_error("Mesh", "shape", shape, "must be positive integers",
+                            f"pass e.g. ({parent.size},) or (2, {max(parent.size // 2, 1)})")
+        if math.prod(shape) != parent.size:
+            raise arg_error("Mesh", "shape", shape,
+                            f"has {math.prod(shape)} ranks but the group has {parent.size}",
+                            f"use a shape whose product is {parent.size}")
+        if dim_names is None:
+            dim_names = tuple(f"dim{i}" for i in range(len(shape)))
+        dim_names = tuple(dim_names)
+        if len(dim_names) != len(shape) or len(set(dim_names)) != len(dim_names):
+            raise arg_error("Mesh", "dim_names", dim_names,
+                            f"must be {len(shape)} distinct names, one per dimension of {shape}",
+                            "pass one name per dimension")
+        self.shape, self.dim_names, self.parent = shape, dim_names, parent
+        self.coords = _unravel(parent.rank, shape)
+        tag = "x".join(map(str, shape))
+        self._groups: list[Group] = []
+        for d in range(len(shape)):
+            lines = _lines(shape, d)
+            line_of_me = next(line for line in lines if parent.rank in line)
+            backend = parent.backend.split_lines(lines)
+            ranks = [parent.ranks[r] for r in line_of_me]
+            fixed = ",".join(str(c) for i, c in enumerate(self.coords) if i != d)
+            group_ = Group(backend, ranks, f"mesh{tag}.{dim_names[d]}[{fixed}]", parent.timeout,
+                           parent.debug)
+            _state.groups.append(group_)
+            self._groups.append(group_)
+
+    def _dim(self, dim) -> int:
+        if isinstance(dim, str):
+            if dim not in self.dim_names:
+                raise arg_error("Mesh.group", "dim", dim, f"is not one of {self.dim_names}",
+                                "use a name given in dim_names or an index")
+            return self.dim_names.index(dim)
+        if not isinstance(dim, int) or not -len(self.shape) <= dim < len(self.shape):
+            raise arg_error("Mesh.group", "dim", dim, f"must index a dimension of {self.shape}",
+                            f"use 0..{len(self.shape) - 1} or a name in {self.dim_names}")
+        return dim % len(self.shape)
+
+    def group(self, dim=0) -> Group:
+        return self._groups[self._dim(dim)]
+
+    __getitem__ = group
+
+    def size(self, dim=None) -> int:
+        return self.parent.size if dim is None else self.shape[self._dim(dim)]
+
+    def coordinate(self, dim) -> int:
+        return self.coords[self._dim(dim)]
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def rank_at(self, coords: Sequence[int]) -> int:
+        """World rank at mesh coordinates ``coords``."""
+        index = 0
+        for c, s in zip(coords, self.shape):
+            index = index * s + c
+        return self.parent.ranks[index]
+
+    def __repr__(self) -> str:
+        dims = ", ".join(f"{n}={s}" for n, s in zip(self.dim_names, self.shape))
+        return f"<commlib.Mesh ({dims}) coords={self.coords}>"
+
+
+def _unravel(index: int, shape: Sequence[int]) -> tuple[int, ...]:
+    coords = []
+    for s in reversed(shape):
+        coords.append(index % s)
+        index //= s
+    return tuple(reversed(coords))
+
+
+def _lines(shape: Sequence[int], dim: int) -> list[list[int]]:
+    """Partition of ranks 0..prod(shape)-1 into lines along ``dim`` (each in coordinate order)."""
+    lines: dict[tuple, list[int]] = {}
+    for r in range(math.prod(shape)):
+        c = _unravel(r, shape)
+        lines.setdefault(c[:dim] + c[dim + 1:], []).append(r)
+    return list(lines.values())

@@ -1,0 +1,1 @@
+"""Topology discovery: see the topology issue."""

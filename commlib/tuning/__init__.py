@@ -1,0 +1,63 @@
+"""Algorithm choice. For now a size threshold per (backend, collective); the cost-model issue
+replaces :data:`THRESHOLD_TABLE` and :func:`auto_algorithm` with a calibrated model.
+
+Precedence: the call's ``algorithm=`` keyword > ``COMMLIB_ALGO`` (when the collective has that
+algorithm) > the table.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from .. import config
+from ..algorithms import algorithm_names, get_algorithm
+from ..errors import arg_error
+
+__all__ = ["THRESHOLD_TABLE", "select", "auto_algorithm"]
+
+log = logging.getLogger("commlib")
+
+# (backend, collective) -> (algorithm below COMMLIB_SMALL_MSG_BYTES, algorithm at or above it).
+# Measured with bench/all_reduce.py --compare (see docs/benchmarks.md): MPICH's own collectives
+# beat every point-to-point algorithm driven from Python on one host, so mpi delegates.
+THRESHOLD_TABLE: dict[tuple[str, str], tuple[str, str]] = {
+    ("torch", "all_reduce"): ("native", "native"),
+}
+
+_memo: dict[tuple, object] = {}
+
+
+def auto_algorithm(backend: str, collective: str, nbytes: int, size: int) -> str:
+    if size == 1:
+        return "native"
+    small, large = THRESHOLD_TABLE.get((backend, collective), ("native", "native"))
+    return small if nbytes < config.get("small_msg_bytes") else large
+
+
+def select(collective: str, nbytes: int, group, algorithm: str | None, fn: str):
+    """The algorithm (its generator function) that runs ``collective`` of ``nbytes`` on
+    ``group``. Memoized per (collective, power-of-two size bucket, group)."""
+    if algorithm is not None:
+        chosen = get_algorithm(collective, algorithm)
+        if chosen is None:
+            raise arg_error(fn, "algorithm", algorithm,
+                            f"{collective} has no such algorithm",
+                            f"use one of {algorithm_names(collective)} or None for automatic")
+        return chosen
+    key = (collective, nbytes.bit_length(), id(group))
+    chosen = _memo.get(key)
+    if chosen is None:
+        forced = config.get("algo")
+        if forced is not None and get_algorithm(collective, forced) is not None:
+            name, why = forced, "COMMLIB_ALGO"
+        else:
+            name = auto_algorithm(group.backend.name, collective, nbytes, group.size)
+            why = "size threshold"
+        chosen = _memo[key] = get_algorithm(collective, name)
+        log.info("%s of %d bytes on group %s: algorithm %s (%s)", collective, nbytes, group.name,
+                 name, why)
+    return chosen
+
+
+def clear_cache() -> None:
+    _memo.clear()

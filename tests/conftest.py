@@ -1,0 +1,66 @@
+"""Shared test helpers: run a script under ``mpiexec -n N`` with a hard timeout.
+
+Multi-rank tests are written once as case functions in ``tests/mpi/*.py`` and run at several world
+sizes by ``run_mpi``. A deadlock becomes a test failure (the whole process group is killed after
+``timeout`` seconds), and ranks get ``COMMLIB_TIMEOUT`` shorter than that, so a stuck collective
+raises inside the job first.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+MPI_DIR = ROOT / "tests" / "mpi"
+
+
+def mpiexec_path() -> str | None:
+    path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+    return shutil.which("mpiexec", path=path)
+
+
+def base_env(**extra) -> dict:
+    env = dict(os.environ)
+    for key in [k for k in env if k.startswith("COMMLIB_")]:
+        del env[key]
+    env.update(OMP_NUM_THREADS="1", COMMLIB_TIMEOUT="60", PYTHONPATH=str(ROOT))
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run_cmd(cmd, timeout: float = 180, env: dict | None = None, check: bool = True):
+    """Run ``cmd`` in its own process group; kill the group and fail on timeout."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env or base_env(), start_new_session=True, cwd=ROOT)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"timed out after {timeout}s (deadlock?): {' '.join(map(str, cmd))}\n"
+                    f"--- stdout\n{out[-4000:]}\n--- stderr\n{err[-4000:]}")
+    if check and proc.returncode != 0:
+        pytest.fail(f"exit code {proc.returncode}: {' '.join(map(str, cmd))}\n"
+                    f"--- stdout\n{out[-6000:]}\n--- stderr\n{err[-6000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def run_mpi(n: int, script: str, *args: str, timeout: float = 180, check: bool = True, **env):
+    """``mpiexec -n n python tests/mpi/<script> args...``; returns the CompletedProcess."""
+    exe = mpiexec_path()
+    if exe is None:
+        pytest.fail("mpiexec not found: install the 'mpich' extra (pip install mpich)")
+    cmd = [exe, "-n", str(n), sys.executable, str(MPI_DIR / script), *args]
+    return run_cmd(cmd, timeout=timeout, env=base_env(**env), check=check)
+
+
+@pytest.fixture
+def mpirun():
+    return run_mpi

@@ -1,0 +1,40 @@
+"""Runs case functions of a test script on every rank of an MPI job.
+
+Usage inside ``tests/mpi/foo.py``::
+
+    from _harness import main
+    def case_sum(): ...
+    if __name__ == "__main__":
+        main(globals())
+
+``python foo.py`` runs every ``case_*``; ``python foo.py case_sum`` runs only those named. A failing
+case prints ``FAILED rank R case: traceback`` and the uncaught exception aborts the whole job
+(commlib's abort-on-exception hook), so the pytest side sees a non-zero exit, not a hang.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+import torch
+
+torch.set_num_threads(1)
+
+
+def main(namespace: dict) -> None:
+    import commlib
+
+    commlib.init()
+    rank = commlib.get_rank()
+    names = sys.argv[1:] or sorted(k for k in namespace if k.startswith("case_"))
+    for name in names:
+        try:
+            namespace[name]()
+        except BaseException:
+            sys.stderr.write(f"FAILED rank {rank} {name}:\n{traceback.format_exc()}")
+            sys.stderr.flush()
+            raise
+        if rank == 0:
+            print(f"ok {name} (world size {commlib.get_world_size()})", flush=True)
+    commlib.barrier()
