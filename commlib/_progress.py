@@ -43,20 +43,24 @@ def _expire(group, what: str, seq: int, limit: float):
 
 
 def _drive(gen, handles, group, what: str, seq: int, limit: float | None, me=None):
-    """Complete ``gen`` (currently waiting on ``handles``); return its value."""
+    """Complete ``gen`` (currently waiting on ``handles``); return its value. ``gen`` None: a
+    one-step operation, done when ``handles`` are."""
     backend = group.backend
-    send = gen.send
     try:
         if limit is None and not (_PENDING and any(w is not me for w in _PENDING)):
             while True:  # no deadline and nothing else to advance: block in the engine
                 backend.wait(handles)
-                handles = send(None)
+                if gen is None:
+                    return None
+                handles = gen.send(None)
         deadline = None
         polls = 0
         test = backend.test
         while True:
             if test(handles):
-                handles = send(None)
+                if gen is None:
+                    return None
+                handles = gen.send(None)
                 continue
             polls += 1
             if _PENDING:
@@ -74,23 +78,31 @@ def _drive(gen, handles, group, what: str, seq: int, limit: float | None, me=Non
         return done.value
 
 
+def _one_step(handles):
+    yield handles
+
+
 class Work:
     """Handle of an operation, as returned with ``async_op=True`` (torch.distributed's ``Work``)."""
 
-    __slots__ = ("_gen", "_handles", "_group", "_what", "_seq", "_done", "_result", "_timeout")
+    __slots__ = ("_gen", "_fin", "_handles", "_group", "_what", "_seq", "_done", "_result",
+                 "_timeout")
 
-    def __init__(self, gen: Generator, group, what: str, seq: int, timeout: float | None):
-        self._gen, self._group, self._what, self._seq = gen, group, what, seq
+    def __init__(self, gen: Generator, finish, group, what: str, seq: int, timeout: float | None):
+        if type(gen) is list:  # a one-step operation returned its handles directly
+            gen = _one_step(gen)
+        self._gen, self._fin, self._group, self._what, self._seq = gen, finish, group, what, seq
         self._timeout = timeout
         self._done = False
         self._result = None
         try:
-            self._handles = next(gen)  # run the preparation and post the first step now
+            self._handles = next(gen)  # post the first step now
         except StopIteration as done:
-            self._done, self._result = True, done.value
+            self._finish(done.value)
 
-    def _finish(self, result) -> None:
-        self._done, self._result, self._handles = True, result, None
+    def _finish(self, result, failed: bool = False) -> None:
+        self._done, self._handles = True, None
+        self._result = self._fin() if (self._fin is not None and not failed) else result
         try:
             _PENDING.remove(self)
         except ValueError:
@@ -107,7 +119,7 @@ class Work:
         except StopIteration as done:
             self._finish(done.value)
         except BaseException:
-            self._finish(None)
+            self._finish(None, failed=True)
             raise
         return self._done
 
@@ -126,7 +138,7 @@ class Work:
             result = _drive(self._gen, self._handles, self._group, self._what, self._seq, limit,
                             me=self)
         except BaseException:
-            self._finish(None)
+            self._finish(None, failed=True)
             raise
         self._finish(result)
         return True
@@ -147,7 +159,7 @@ class _Completed(Work):
     __slots__ = ()
 
     def __init__(self, result=None):
-        self._done, self._result, self._handles = True, result, None
+        self._done, self._result, self._handles, self._fin = True, result, None, None
 
     def __repr__(self) -> str:
         return "<commlib.Work (completed)>"
@@ -164,20 +176,29 @@ def _seconds(timeout) -> float | None:
     return None if timeout <= 0 else timeout
 
 
-def start(gen: Generator, group, what: str, seq: int, async_op: bool):
-    """Run an operation: block until done and return its value, or return its ``Work``."""
+def start(gen: Generator, finish, group, what: str, seq: int, async_op: bool):
+    """Run an operation: block until done and return its value, or return its ``Work``.
+
+    ``gen`` is the algorithm's generator, or, for an algorithm that completes in one step, the
+    list of its handles; ``finish`` (or None) runs after the last step and its return value is the
+    operation's result.
+    """
     if group.broken is not None:
         raise CommStateError(
             f"commlib.{what}: group {group.name!r} is unusable after an earlier failure "
             f"({group.broken}) Fix: restart the job."
         )
     if async_op:
-        work = Work(gen, group, what, seq, group.timeout)
+        work = Work(gen, finish, group, what, seq, group.timeout)
         if not work._done:
             _PENDING.append(work)
         return work
-    try:
-        handles = next(gen)
-    except StopIteration as done:
-        return done.value
-    return _drive(gen, handles, group, what, seq, group.timeout)
+    if type(gen) is list:
+        handles, gen = gen, None
+    else:
+        try:
+            handles = next(gen)
+        except StopIteration as done:
+            return finish() if finish is not None else done.value
+    value = _drive(gen, handles, group, what, seq, group.timeout)
+    return finish() if finish is not None else value

@@ -130,20 +130,30 @@ def _reduce_view(flat: torch.Tensor, group: Group) -> torch.Tensor:
 
 
 # ----- reductions in place: all_reduce, reduce ---------------------------------------------
+# Each executor below prepares the buffers, creates the algorithm's generator and returns it with
+# a ``finish`` callable (or None when there is nothing left to do: the common, latency-bound case)
+# that runs after the last step: AVG division, copy back from an upcast or contiguous copy.
 def _reduce_in_place(group, algo, t, op, root):
+    ctx = _ctx(group, op)
+    if op is not ReduceOp.AVG and t.dtype in group.backend.native_reduce_dtypes \
+            and t.is_contiguous():  # the common case: the engine works on t itself
+        return (algo(ctx, t) if root is None else algo(ctx, t, root)), None
     flat, copied = work_view(t)
     buf = _reduce_view(flat, group)
-    args = () if root is None else (root,)
-    yield from algo(_ctx(group, op), buf, *args)
-    if root is not None and group.rank != root:
-        return None  # non-root tensors are left as they were
-    if op is ReduceOp.AVG:
-        finish_avg_(buf, group.size)
-    if buf is not flat and buf.dtype is not torch.uint8:  # upcast copy (bool is a view)
-        flat.copy_(buf)
-    if copied:
-        t.copy_(flat)
-    return None
+    gen = algo(ctx, buf) if root is None else algo(ctx, buf, root)
+    upcast = buf.dtype is not flat.dtype and flat.dtype is not torch.bool
+    if (root is not None and group.rank != root) or not (copied or upcast or op is ReduceOp.AVG):
+        return gen, None  # non-root tensors of reduce are left as they were
+
+    def finish():
+        if op is ReduceOp.AVG:
+            finish_avg_(buf, group.size)
+        if upcast:
+            flat.copy_(buf)
+        if copied:
+            t.copy_(flat)
+
+    return gen, finish
 
 
 def all_reduce(tensor, op=ReduceOp.SUM, group: Group | None = None, async_op: bool = False, *,
@@ -157,7 +167,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group: Group | None = None, async_op: bo
     try:
         t = as_tensor(tensor, "all_reduce", "tensor", writable=True)
         rop = _op("all_reduce", op, t.dtype)
-        algo = select("all_reduce", t.numel() * t.element_size(), g, algorithm, "all_reduce")
+        algo = select("all_reduce", t.nbytes, g, algorithm, "all_reduce")
     except CommError as exc:
         _fail(g, "all_reduce", exc)
         raise
@@ -166,7 +176,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group: Group | None = None, async_op: bo
     g.seq += 1
     if t.numel() == 0:
         return completed_work() if async_op else None
-    return start(_reduce_in_place(g, algo, t, rop, None), g, "all_reduce", g.seq, async_op)
+    return start(*_reduce_in_place(g, algo, t, rop, None), g, "all_reduce", g.seq, async_op)
 
 
 def reduce(tensor, dst: int | None = None, op=ReduceOp.SUM, group: Group | None = None,
@@ -178,7 +188,7 @@ def reduce(tensor, dst: int | None = None, op=ReduceOp.SUM, group: Group | None 
         t = as_tensor(tensor, "reduce", "tensor", writable=True)
         rop = _op("reduce", op, t.dtype)
         root = _root("reduce", g, "dst", dst, group_dst)
-        algo = select("reduce", t.numel() * t.element_size(), g, algorithm, "reduce")
+        algo = select("reduce", t.nbytes, g, algorithm, "reduce")
     except CommError as exc:
         _fail(g, "reduce", exc)
         raise
@@ -188,16 +198,16 @@ def reduce(tensor, dst: int | None = None, op=ReduceOp.SUM, group: Group | None 
     g.seq += 1
     if t.numel() == 0:
         return completed_work() if async_op else None
-    return start(_reduce_in_place(g, algo, t, rop, root), g, "reduce", g.seq, async_op)
+    return start(*_reduce_in_place(g, algo, t, rop, root), g, "reduce", g.seq, async_op)
 
 
 # ----- broadcast ---------------------------------------------------------------------------
 def _broadcast(group, algo, t, root):
     flat, copied = work_view(t)
-    yield from algo(_ctx(group, None), flat, root)
+    gen = algo(_ctx(group, None), flat, root)
     if copied and group.rank != root:
-        t.copy_(flat.view(t.shape))
-    return None
+        return gen, lambda: t.copy_(flat)
+    return gen, None
 
 
 def broadcast(tensor, src: int | None = None, group: Group | None = None, async_op: bool = False,
@@ -207,7 +217,7 @@ def broadcast(tensor, src: int | None = None, group: Group | None = None, async_
     try:
         t = as_tensor(tensor, "broadcast", "tensor", writable=True)
         root = _root("broadcast", g, "src", src, group_src)
-        algo = select("broadcast", t.numel() * t.element_size(), g, algorithm, "broadcast")
+        algo = select("broadcast", t.nbytes, g, algorithm, "broadcast")
     except CommError as exc:
         _fail(g, "broadcast", exc)
         raise
@@ -216,17 +226,10 @@ def broadcast(tensor, src: int | None = None, group: Group | None = None, async_
     g.seq += 1
     if t.numel() == 0:
         return completed_work() if async_op else None
-    return start(_broadcast(g, algo, t, root), g, "broadcast", g.seq, async_op)
+    return start(*_broadcast(g, algo, t, root), g, "broadcast", g.seq, async_op)
 
 
 # ----- all-gather --------------------------------------------------------------------------
-def _gather_into(group, algo, out, out_flat, copied, inp):
-    yield from algo(_ctx(group, None), out_flat, inp)
-    if copied is not None:
-        copied(out_flat)
-    return None
-
-
 def _prepare_gather_input(inp: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     flat = inp.reshape(-1) if inp.is_contiguous() else inp.contiguous().view(-1)
     return flat.clone() if overlaps(flat, out) else flat
@@ -260,10 +263,10 @@ def all_gather_into_tensor(output_tensor, input_tensor, group: Group | None = No
     g.seq += 1
     if out.numel() == 0:
         return completed_work() if async_op else None
-    out_flat, copied = work_view(out)
-    inp_flat = _prepare_gather_input(inp, out)
-    back = (lambda f: out.copy_(f.view(out.shape))) if copied else None
-    return start(_gather_into(g, algo, out, out_flat, back, inp_flat), g, fn, g.seq, async_op)
+    out_buf, copied = work_view(out)
+    gen = algo(_ctx(g, None), out_buf, _prepare_gather_input(inp, out))
+    finish = (lambda: out.copy_(out_buf)) if copied else None
+    return start(gen, finish, g, fn, g.seq, async_op)
 
 
 def all_gather(tensor_list: list, tensor, group: Group | None = None, async_op: bool = False, *,
@@ -298,12 +301,12 @@ def all_gather(tensor_list: list, tensor, group: Group | None = None, async_op: 
     flat = torch.empty(g.size * inp.numel(), dtype=inp.dtype, device=inp.device)
     n = inp.numel()
 
-    def scatter_back(f):
+    def scatter_back():
         for i, o in enumerate(outs):
-            o.copy_(f[i * n:(i + 1) * n].view(o.shape))
+            o.copy_(flat[i * n:(i + 1) * n].view(o.shape))
 
-    inp_flat = _prepare_gather_input(inp, flat)
-    return start(_gather_into(g, algo, flat, flat, scatter_back, inp_flat), g, fn, g.seq, async_op)
+    gen = algo(_ctx(g, None), flat, _prepare_gather_input(inp, flat))
+    return start(gen, scatter_back, g, fn, g.seq, async_op)
 
 
 # ----- reduce-scatter ----------------------------------------------------------------------
@@ -317,14 +320,17 @@ def _reduce_scatter(group, algo, out, inp, op):
     out_buf = _reduce_view(out_flat, group)
     if out_buf.dtype != out_flat.dtype or out_buf.data_ptr() != out_flat.data_ptr():
         out_buf = torch.empty_like(out_buf)
-    yield from algo(_ctx(group, op), out_buf, inp_buf)
-    if op is ReduceOp.AVG:
-        finish_avg_(out_buf, group.size)
-    if out_buf.data_ptr() != out_flat.data_ptr():
-        out_flat.copy_(out_buf)
-    if copied:
-        out.copy_(out_flat.view(out.shape))
-    return None
+    gen = algo(_ctx(group, op), out_buf, inp_buf)
+
+    def finish():
+        if op is ReduceOp.AVG:
+            finish_avg_(out_buf, group.size)
+        if out_buf.data_ptr() != out_flat.data_ptr():
+            out_flat.copy_(out_buf)
+        if copied:
+            out.copy_(out_flat.view(out.shape))
+
+    return gen, finish
 
 
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group: Group | None = None,
@@ -352,7 +358,7 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group: Group | None = 
     g.seq += 1
     if out.numel() == 0:
         return completed_work() if async_op else None
-    return start(_reduce_scatter(g, algo, out, inp, rop), g, fn, g.seq, async_op)
+    return start(*_reduce_scatter(g, algo, out, inp, rop), g, fn, g.seq, async_op)
 
 
 # ----- all-to-all --------------------------------------------------------------------------
@@ -383,10 +389,8 @@ def _all_to_all(group, algo, out, inp, out_counts, in_counts):
     inp_flat = inp.reshape(-1) if inp.is_contiguous() else inp.contiguous().view(-1)
     if overlaps(inp_flat, out_flat):
         inp_flat = inp_flat.clone()
-    yield from algo(_ctx(group, None), out_flat, inp_flat, out_counts, in_counts)
-    if copied:
-        out.copy_(out_flat.view(out.shape))
-    return None
+    gen = algo(_ctx(group, None), out_flat, inp_flat, out_counts, in_counts)
+    return gen, (lambda: out.copy_(out_flat.view(out.shape))) if copied else None
 
 
 def all_to_all_single(output, input, output_split_sizes: Sequence[int] | None = None,
@@ -416,15 +420,10 @@ def all_to_all_single(output, input, output_split_sizes: Sequence[int] | None = 
     row = math.prod(inp.shape[1:])
     in_counts = [s * row for s in in_splits]
     out_counts = [s * row for s in out_splits]
-    return start(_all_to_all(g, algo, out, inp, out_counts, in_counts), g, fn, g.seq, async_op)
+    return start(*_all_to_all(g, algo, out, inp, out_counts, in_counts), g, fn, g.seq, async_op)
 
 
 # ----- barrier -----------------------------------------------------------------------------
-def _barrier(group, algo):
-    yield from algo(_ctx(group, None))
-    return None
-
-
 def barrier(group: Group | None = None, async_op: bool = False, device_ids=None):
     """Block until every rank of the group has entered the barrier."""
     g = resolve_group(group, "barrier")
@@ -432,7 +431,7 @@ def barrier(group: Group | None = None, async_op: bool = False, device_ids=None)
         _agree(g, "barrier")
     g.seq += 1
     algo = select("barrier", 0, g, None, "barrier")
-    return start(_barrier(g, algo), g, "barrier", g.seq, async_op)
+    return start(algo(_ctx(g, None)), None, g, "barrier", g.seq, async_op)
 
 
 # ----- point-to-point ----------------------------------------------------------------------
@@ -453,17 +452,18 @@ def _tag(fn: str, tag) -> int:
 
 
 def _p2p(group, what, t, peer, tag):
-    if what == "send":
-        flat = t.reshape(-1) if t.is_contiguous() else t.contiguous().view(-1)
-        yield [group.backend.isend(flat, peer, tag, user=True)]
-        return None
     flat, copied = work_view(t)
+    if what == "send":
+        return [group.backend.isend(flat, peer, tag, user=True)], None
     handle = group.backend.irecv(flat, peer, tag, user=True)
-    yield [handle]
-    if copied:
-        t.copy_(flat.view(t.shape))
-    source = peer if peer is not None else group.backend.source_of(handle)
-    return group.ranks[source]
+
+    def finish():
+        if copied:
+            t.copy_(flat)
+        source = peer if peer is not None else group.backend.source_of(handle)
+        return group.ranks[source]
+
+    return [handle], finish
 
 
 def _post_p2p(fn: str, what: str, tensor, peer, group, tag, group_peer, async_op: bool):
@@ -476,7 +476,7 @@ def _post_p2p(fn: str, what: str, tensor, peer, group, tag, group_peer, async_op
         raise arg_error(fn, arg, peer if peer is not None else group_peer,
                         "is this rank itself; a blocking self-send never completes",
                         "use isend/irecv for messages to oneself, or another rank")
-    return start(_p2p(g, what, t, p, tag), g, fn, g.seq, async_op)
+    return start(*_p2p(g, what, t, p, tag), g, fn, g.seq, async_op)
 
 
 def send(tensor, dst: int | None = None, group: Group | None = None, tag: int = 0, *,

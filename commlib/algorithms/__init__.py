@@ -1,7 +1,8 @@
 """Collective algorithms over a backend's point-to-point, registered by name.
 
 An algorithm is a generator function ``fn(ctx, *buffers)`` that posts non-blocking operations on
-``ctx.backend`` and yields the list of handles it needs completed before its next step. Buffers are
+``ctx.backend`` and yields the list of handles it needs completed before its next step (an
+algorithm that completes in one step may instead be a plain function returning that list). Buffers are
 contiguous torch tensors of any shape (algorithms that slice them call ``buf.view(-1)`` first);
 reductions already run in the accumulation dtype (bool arrives as uint8). Signatures per
 collective::

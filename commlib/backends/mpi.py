@@ -172,7 +172,8 @@ class MPIBackend(Backend):
 
     # ----- native collectives -------------------------------------------------------------
     def all_reduce(self, buf, op):
-        return self.comm.Iallreduce(MPI.IN_PLACE, self._buf(buf), _MPI_OPS[op])
+        data = buf.numpy() if not buf.is_cuda else self._buf(buf)  # inline: the latency path
+        return self.comm.Iallreduce(MPI.IN_PLACE, data, _MPI_OPS[op])
 
     def broadcast(self, buf, root):
         return self.comm.Ibcast(self._buf(buf, raw=True), root)
