@@ -85,10 +85,12 @@ def _one_step(handles):
 class Work:
     """Handle of an operation, as returned with ``async_op=True`` (torch.distributed's ``Work``)."""
 
-    __slots__ = ("_gen", "_fin", "_handles", "_group", "_what", "_seq", "_done", "_result",
-                 "_timeout")
+    __slots__ = ("_gen", "_fin", "_keep", "_handles", "_group", "_what", "_seq", "_done",
+                 "_result", "_timeout")
 
-    def __init__(self, gen: Generator, finish, group, what: str, seq: int, timeout: float | None):
+    def __init__(self, gen: Generator, finish, keep, group, what: str, seq: int,
+                 timeout: float | None):
+        self._keep = keep  # the buffers the engine reads and writes, alive until completion
         if type(gen) is list:  # a one-step operation returned its handles directly
             gen = _one_step(gen)
         self._gen, self._fin, self._group, self._what, self._seq = gen, finish, group, what, seq
@@ -103,6 +105,7 @@ class Work:
     def _finish(self, result, failed: bool = False) -> None:
         self._done, self._handles = True, None
         self._result = self._fin() if (self._fin is not None and not failed) else result
+        self._keep = None
         try:
             _PENDING.remove(self)
         except ValueError:
@@ -159,7 +162,7 @@ class _Completed(Work):
     __slots__ = ()
 
     def __init__(self, result=None):
-        self._done, self._result, self._handles, self._fin = True, result, None, None
+        self._done, self._result, self._handles, self._fin, self._keep = True, result, None, None, None
 
     def __repr__(self) -> str:
         return "<commlib.Work (completed)>"
@@ -176,12 +179,13 @@ def _seconds(timeout) -> float | None:
     return None if timeout <= 0 else timeout
 
 
-def start(gen: Generator, finish, group, what: str, seq: int, async_op: bool):
+def start(gen: Generator, finish, keep, group, what: str, seq: int, async_op: bool):
     """Run an operation: block until done and return its value, or return its ``Work``.
 
     ``gen`` is the algorithm's generator, or, for an algorithm that completes in one step, the
     list of its handles; ``finish`` (or None) runs after the last step and its return value is the
-    operation's result.
+    operation's result. ``keep`` holds every buffer the engine uses (the caller's tensors and
+    commlib's temporaries): engines do not keep them alive, so the operation must until it ends.
     """
     if group.broken is not None:
         raise CommStateError(
@@ -189,7 +193,7 @@ def start(gen: Generator, finish, group, what: str, seq: int, async_op: bool):
             f"({group.broken}) Fix: restart the job."
         )
     if async_op:
-        work = Work(gen, finish, group, what, seq, group.timeout)
+        work = Work(gen, finish, keep, group, what, seq, group.timeout)
         if not work._done:
             _PENDING.append(work)
         return work

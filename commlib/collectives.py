@@ -137,13 +137,13 @@ def _reduce_in_place(group, algo, t, op, root):
     ctx = _ctx(group, op)
     if op is not ReduceOp.AVG and t.dtype in group.backend.native_reduce_dtypes \
             and t.is_contiguous():  # the common case: the engine works on t itself
-        return (algo(ctx, t) if root is None else algo(ctx, t, root)), None
+        return (algo(ctx, t) if root is None else algo(ctx, t, root)), None, t
     flat, copied = work_view(t)
     buf = _reduce_view(flat, group)
     gen = algo(ctx, buf) if root is None else algo(ctx, buf, root)
     upcast = buf.dtype is not flat.dtype and flat.dtype is not torch.bool
     if (root is not None and group.rank != root) or not (copied or upcast or op is ReduceOp.AVG):
-        return gen, None  # non-root tensors of reduce are left as they were
+        return gen, None, (t, buf)  # non-root tensors of reduce are left as they were
 
     def finish():
         if op is ReduceOp.AVG:
@@ -153,7 +153,7 @@ def _reduce_in_place(group, algo, t, op, root):
         if copied:
             t.copy_(flat)
 
-    return gen, finish
+    return gen, finish, (t, buf)
 
 
 def all_reduce(tensor, op=ReduceOp.SUM, group: Group | None = None, async_op: bool = False, *,
@@ -206,8 +206,8 @@ def _broadcast(group, algo, t, root):
     flat, copied = work_view(t)
     gen = algo(_ctx(group, None), flat, root)
     if copied and group.rank != root:
-        return gen, lambda: t.copy_(flat)
-    return gen, None
+        return gen, (lambda: t.copy_(flat)), (t, flat)
+    return gen, None, (t, flat)
 
 
 def broadcast(tensor, src: int | None = None, group: Group | None = None, async_op: bool = False,
@@ -264,9 +264,10 @@ def all_gather_into_tensor(output_tensor, input_tensor, group: Group | None = No
     if out.numel() == 0:
         return completed_work() if async_op else None
     out_buf, copied = work_view(out)
-    gen = algo(_ctx(g, None), out_buf, _prepare_gather_input(inp, out))
+    inp_flat = _prepare_gather_input(inp, out)
+    gen = algo(_ctx(g, None), out_buf, inp_flat)
     finish = (lambda: out.copy_(out_buf)) if copied else None
-    return start(gen, finish, g, fn, g.seq, async_op)
+    return start(gen, finish, (out, out_buf, inp_flat), g, fn, g.seq, async_op)
 
 
 def all_gather(tensor_list: list, tensor, group: Group | None = None, async_op: bool = False, *,
@@ -305,8 +306,9 @@ def all_gather(tensor_list: list, tensor, group: Group | None = None, async_op: 
         for i, o in enumerate(outs):
             o.copy_(flat[i * n:(i + 1) * n].view(o.shape))
 
-    gen = algo(_ctx(g, None), flat, _prepare_gather_input(inp, flat))
-    return start(gen, scatter_back, g, fn, g.seq, async_op)
+    inp_flat = _prepare_gather_input(inp, flat)
+    gen = algo(_ctx(g, None), flat, inp_flat)
+    return start(gen, scatter_back, (flat, inp_flat), g, fn, g.seq, async_op)
 
 
 # ----- reduce-scatter ----------------------------------------------------------------------
@@ -330,7 +332,7 @@ def _reduce_scatter(group, algo, out, inp, op):
         if copied:
             out.copy_(out_flat.view(out.shape))
 
-    return gen, finish
+    return gen, finish, (out, out_buf, inp_buf)
 
 
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group: Group | None = None,
@@ -390,7 +392,8 @@ def _all_to_all(group, algo, out, inp, out_counts, in_counts):
     if overlaps(inp_flat, out_flat):
         inp_flat = inp_flat.clone()
     gen = algo(_ctx(group, None), out_flat, inp_flat, out_counts, in_counts)
-    return gen, (lambda: out.copy_(out_flat.view(out.shape))) if copied else None
+    finish = (lambda: out.copy_(out_flat.view(out.shape))) if copied else None
+    return gen, finish, (out, out_flat, inp_flat)
 
 
 def all_to_all_single(output, input, output_split_sizes: Sequence[int] | None = None,
@@ -431,7 +434,7 @@ def barrier(group: Group | None = None, async_op: bool = False, device_ids=None)
         _agree(g, "barrier")
     g.seq += 1
     algo = select("barrier", 0, g, None, "barrier")
-    return start(algo(_ctx(g, None)), None, g, "barrier", g.seq, async_op)
+    return start(algo(_ctx(g, None)), None, None, g, "barrier", g.seq, async_op)
 
 
 # ----- point-to-point ----------------------------------------------------------------------
@@ -454,7 +457,7 @@ def _tag(fn: str, tag) -> int:
 def _p2p(group, what, t, peer, tag):
     flat, copied = work_view(t)
     if what == "send":
-        return [group.backend.isend(flat, peer, tag, user=True)], None
+        return [group.backend.isend(flat, peer, tag, user=True)], None, (t, flat)
     handle = group.backend.irecv(flat, peer, tag, user=True)
 
     def finish():
@@ -463,7 +466,7 @@ def _p2p(group, what, t, peer, tag):
         source = peer if peer is not None else group.backend.source_of(handle)
         return group.ranks[source]
 
-    return [handle], finish
+    return [handle], finish, (t, flat)
 
 
 def _post_p2p(fn: str, what: str, tensor, peer, group, tag, group_peer, async_op: bool):

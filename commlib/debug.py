@@ -25,7 +25,7 @@ def _gather(group, local: torch.Tensor) -> torch.Tensor:
     def gen():
         yield [group.backend.all_gather(out, local)]
 
-    Work(gen(), None, group, "debug check", group.seq, group.timeout).wait()
+    Work(gen(), None, (out, local), group, "debug check", group.seq, group.timeout).wait()
     return out.view(group.size, -1)
 
 
