@@ -33,6 +33,11 @@ def as_tensor(x, fn: str, arg: str, writable: bool = False) -> torch.Tensor:
             raise arg_error(fn, arg, f"<ndarray dtype={x.dtype}>", "has an unsupported dtype",
                             f"use one of {sorted(n for n, _ in DTYPES.values())}", CommTypeError)
     elif type(x).__module__.split(".")[0] == "cupy":
+        # CuPy work is queued on CuPy's current stream: finish it before an engine reads the
+        # memory (DLPack hands over the pointer, not the stream order).
+        import cupy
+
+        cupy.cuda.get_current_stream().synchronize()
         t = torch.from_dlpack(x)
     else:
         raise arg_error(fn, arg, f"<{type(x).__module__}.{type(x).__qualname__}>",
