@@ -1,0 +1,464 @@
+"""torch.distributed process groups (gloo on CPU, nccl on GPU).
+
+The world communicator drives the default process group: the one the program created with
+``torch.distributed.init_process_group``, or one commlib creates from torchrun's environment
+(``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``). Native collectives and the user's
+point-to-point run on it, so ``commlib.send`` matches a ``torch.distributed.recv`` on the other side.
+
+Each communicator owns a second process group for commlib's algorithm steps (``user=False``), so its
+tags never meet the user's. Process groups below the world are built directly from the default
+store (``ProcessGroupGloo(PrefixStore(...), rank, size)``) rather than with
+``torch.distributed.new_group``, for two reasons: ``new_group`` must be entered by every rank of the
+job while ``Backend.new_subgroup`` is collective over the parent communicator only (a ``Mesh`` on a
+subgroup), and ``new_group`` sorts its ranks while commlib keeps the order it is given. The store
+prefix is derived from the parent's id and a per-parent counter, the same on every member.
+
+Handles are torch ``Work`` objects, wrapped only where the engine needs help (table below).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import queue
+import threading
+from datetime import timedelta
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..errors import CommBackendError
+from ..ops import ReduceOp
+from . import register_backend
+from .base import Backend
+
+__all__ = ["TorchBackend"]
+
+_OPS = {
+    ReduceOp.SUM: dist.ReduceOp.SUM,
+    ReduceOp.AVG: dist.ReduceOp.SUM,  # divided by commlib afterwards, like every backend
+    ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT,
+    ReduceOp.MIN: dist.ReduceOp.MIN,
+    ReduceOp.MAX: dist.ReduceOp.MAX,
+    ReduceOp.BAND: dist.ReduceOp.BAND,
+    ReduceOp.BOR: dist.ReduceOp.BOR,
+    ReduceOp.BXOR: dist.ReduceOp.BXOR,
+}
+
+# Local math for reductions the engine cannot do (see _LACKS).
+_LOCAL = {
+    ReduceOp.SUM: torch.add,
+    ReduceOp.AVG: torch.add,
+    ReduceOp.PRODUCT: torch.mul,
+    ReduceOp.MIN: torch.minimum,
+    ReduceOp.MAX: torch.maximum,
+    ReduceOp.BAND: torch.bitwise_and,
+    ReduceOp.BOR: torch.bitwise_or,
+    ReduceOp.BXOR: torch.bitwise_xor,
+}
+
+_BITWISE = frozenset({ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR})
+_HALF = frozenset({torch.float16, torch.bfloat16})
+
+# ----- what each process-group engine does, with the special cases next to it --------------
+# Measured on torch 2.13 (gloo) by tests/test_torch_backend.py; nccl from ProcessGroupNCCL's
+# documented limits.
+#
+# devices: what the engine moves.
+_DEVICES = {"gloo": frozenset({"cpu"}), "nccl": frozenset({"cuda"})}
+# native_reduce_dtypes: gloo reduces float16/bfloat16 but rounds to half precision at every step
+# of its ring, so commlib's float32 accumulation is better: not listed. NCCL accumulates them well.
+_REDUCE_DTYPES = {"gloo": Backend.native_reduce_dtypes,
+                  "nccl": Backend.native_reduce_dtypes | _HALF}
+# Reductions the engine lacks, done here as an all-gather plus a local reduction:
+#   nccl: no bitwise ops ("Cannot use ReduceOp.BAND with NCCL"); commlib turns bool SUM/PRODUCT
+#   into BOR/BAND, so bool reductions land here too.
+#   gloo: has every op on every dtype commlib passes (bitwise on floats and AVG on integers are
+#   rejected by the API layer before they get here).
+_LACKS: dict[str, frozenset] = {"gloo": frozenset(), "nccl": _BITWISE}
+# gloo's reduce uses the non-root ranks' buffers as scratch (they end up holding partial sums),
+# while commlib promises they are left unchanged: non-roots reduce a copy.
+_REDUCE_CLOBBERS_INPUT = {"gloo": True, "nccl": False}
+# gloo's send/recv Work never reports is_completed() until someone calls wait() on it (the pair
+# finishes in gloo's I/O thread but nothing marks the Work done), so a non-blocking test() hands
+# the Work to a waiter thread that blocks in wait() for it. nccl's Works poll a CUDA event.
+_P2P_POLLABLE = {"gloo": False, "nccl": True}
+# gloo's reduce_scatter has the same defect (its Work stays not-completed until wait()), so on
+# gloo it runs as an all-reduce of a copy of the input and a slice, which polls: the same traffic
+# as gloo's own reduce-scatter, which is built on its all-reduce.
+_REDUCE_SCATTER_POLLABLE = {"gloo": False, "nccl": True}
+# Messages to oneself never reach the engine: gloo has no pair to itself ("Pair is not
+# connected"), so they are matched locally, by (channel, tag), in posting order.
+
+_TIMEOUT = timedelta(seconds=1800)  # torch's default for gloo; commlib's own timeout is shorter
+
+
+def _kind(pg) -> str:
+    """'gloo' or 'nccl' for a process group (a mixed 'cpu:gloo,cuda:nccl' counts as gloo on CPU
+    and nccl on CUDA; commlib's own groups then use nccl when CUDA is present)."""
+    name = str(dist.get_backend(pg)).lower()
+    if "nccl" in name and torch.cuda.is_available():
+        return "nccl"
+    if "gloo" in name:
+        return "gloo"
+    raise CommBackendError(
+        f"commlib.init(): backend 'torch': the default process group uses {name!r}, which "
+        f"commlib cannot drive. Fix: init_process_group with backend 'gloo' or 'nccl'."
+    )
+
+
+def _make_pg(kind: str, store, rank: int, size: int):
+    if kind == "gloo":
+        return dist.ProcessGroupGloo(store, rank, size, _TIMEOUT)
+    opts = dist.ProcessGroupNCCL.Options()
+    opts._timeout = _TIMEOUT
+    return dist.ProcessGroupNCCL(store, rank, size, opts)
+
+
+# ----- handles ------------------------------------------------------------------------------
+class _Waiters:
+    """Threads that block in ``Work.wait()`` for works that cannot be polled. Idle threads are
+    reused; a new one starts when all are busy, so a receive that waits long (an any-source
+    receive, a peer that is late) never delays the completion of later works."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._idle: list[queue.SimpleQueue] = []
+
+    def submit(self, handle: "_P2P") -> None:
+        with self._lock:
+            q = self._idle.pop() if self._idle else None
+        if q is None:
+            q = queue.SimpleQueue()
+            threading.Thread(target=self._loop, args=(q,), name="commlib-torch-wait",
+                             daemon=True).start()
+        q.put(handle)
+
+    def _loop(self, q: queue.SimpleQueue) -> None:
+        while True:
+            handle = q.get()
+            try:
+                handle.work.wait()
+            except BaseException as exc:  # noqa: BLE001 - re-raised on the owner's thread
+                handle.error = exc
+            handle.done = True
+            handle.event.set()
+            with self._lock:
+                self._idle.append(q)
+
+
+_WAITERS = _Waiters()
+
+
+class _P2P:
+    """A send/recv Work of an engine whose Works cannot be polled (gloo)."""
+
+    __slots__ = ("work", "event", "error", "done")
+
+    def __init__(self, work):
+        self.work, self.event, self.error, self.done = work, None, None, False
+
+    def test(self) -> bool:
+        if self.event is None:
+            self.event = threading.Event()
+            _WAITERS.submit(self)
+            return False
+        if self.done and self.error is not None:
+            raise self.error
+        return self.done
+
+    def wait(self) -> None:
+        if self.event is None:
+            self.done = True
+            self.event = threading.Event()
+            self.work.wait()
+            return
+        self.event.wait()
+        if self.error is not None:
+            raise self.error
+
+    def source(self) -> int:
+        return _source_rank(self.work)
+
+
+class _Composite:
+    """Works that complete together, then a local step (``finish``) runs once."""
+
+    __slots__ = ("works", "finish", "keep", "done")
+
+    def __init__(self, works, finish=None, keep=None):
+        self.works, self.finish, self.keep, self.done = works, finish, keep, False
+
+    def _complete(self) -> None:
+        for w in self.works:
+            w.wait()  # already complete: raises the engine's error, if any
+        if self.finish is not None:
+            self.finish()
+        self.done, self.keep, self.works = True, None, ()
+
+    def test(self) -> bool:
+        if not self.done:
+            for w in self.works:
+                if not w.is_completed():
+                    return False
+            self._complete()
+        return True
+
+    def wait(self) -> None:
+        if not self.done:
+            for w in self.works:
+                w.wait()
+            self._complete()
+
+
+class _Local:
+    """A message from this rank to itself."""
+
+    __slots__ = ("buf", "done")
+
+    def __init__(self, buf, done=False):
+        self.buf, self.done = buf, done
+
+
+def _source_rank(work) -> int:
+    fn = getattr(work, "_source_rank", None) or getattr(work, "source_rank")
+    return int(fn())
+
+
+# ----- the backend --------------------------------------------------------------------------
+_generation = 0  # per create_world: store prefixes never reuse a previous world's keys
+
+
+@register_backend("torch")
+class TorchBackend(Backend):
+    """A communicator over torch.distributed process groups.
+
+    Attributes:
+        group: the process group of native collectives and the user's point-to-point.
+        internal: the process group of commlib's algorithm steps.
+        kind: ``"gloo"`` or ``"nccl"``.
+    """
+
+    def __init__(self, group, internal, kind: str, world_ranks: Sequence[int], ident: str):
+        self.group, self.internal, self.kind = group, internal, kind
+        self.rank, self.size = group.rank(), group.size()
+        self._world_ranks = list(world_ranks)
+        self._id, self._children = ident, 0
+        self.devices = _DEVICES[kind]
+        self.native_reduce_dtypes = _REDUCE_DTYPES[kind]
+        self._lacks = _LACKS[kind]
+        self._clobbers = _REDUCE_CLOBBERS_INPUT[kind]
+        self._pollable = _P2P_POLLABLE[kind]
+        self._rs_native = _REDUCE_SCATTER_POLLABLE[kind]
+        self._sent: dict[tuple[bool, int], list] = {}  # messages to self, by (user, tag)
+        self._posted: list[tuple[tuple[bool, int], _Local]] = []
+
+    # ----- construction -------------------------------------------------------------------
+    @classmethod
+    def create_world(cls, **options) -> "TorchBackend":
+        global _generation
+        if not dist.is_available():
+            raise CommBackendError(
+                "commlib.init(): backend 'torch': this torch build has no torch.distributed. "
+                "Fix: install a torch wheel with distributed support, or use backend='mpi'."
+            )
+        if not dist.is_initialized():
+            _init_from_env()
+        world = dist.group.WORLD
+        kind = _kind(world)
+        _generation += 1
+        ident = f"commlib/{_generation}"
+        internal = _make_pg(kind, _store(ident + "/internal"), dist.get_rank(), dist.get_world_size())
+        return cls(world, internal, kind, range(dist.get_world_size()), ident)
+
+    def new_subgroup(self, ranks: Sequence[int]) -> "TorchBackend | None":
+        ranks = list(ranks)
+        self._children += 1
+        ident = f"{self._id}.{self._children}"
+        if self.rank not in ranks:
+            return None
+        rank, size = ranks.index(self.rank), len(ranks)
+        group = _make_pg(self.kind, _store(ident + "/native"), rank, size)
+        internal = _make_pg(self.kind, _store(ident + "/internal"), rank, size)
+        return TorchBackend(group, internal, self.kind, [self._world_ranks[r] for r in ranks],
+                            ident)
+
+    def global_ranks(self) -> list[int]:
+        return list(self._world_ranks)
+
+    def close(self) -> None:
+        # The default process group belongs to the program (or stays for a later init()); the
+        # groups commlib built are released with their last reference.
+        self.internal = None
+        if self.group is not dist.group.WORLD:
+            self.group = None
+
+    # ----- completion ---------------------------------------------------------------------
+    def test(self, handles: list) -> bool:
+        for h in handles:
+            if isinstance(h, (_P2P, _Composite)):
+                if not h.test():
+                    return False
+            elif isinstance(h, _Local):
+                if not h.done:
+                    self._match()
+                    if not h.done:
+                        return False
+            elif not h.is_completed():
+                return False
+        return True
+
+    def wait(self, handles: list) -> None:
+        for h in handles:
+            if isinstance(h, _Local):
+                if not h.done:
+                    self._match()
+                    if not h.done:
+                        from ..errors import CommStateError
+
+                        raise CommStateError(
+                            f"commlib: rank {self.rank} waits for a message to itself that was "
+                            f"never sent. Fix: post the matching isend to rank {self.rank} first."
+                        )
+            else:
+                h.wait()
+
+    def source_of(self, handle) -> int | None:
+        if isinstance(handle, _P2P):
+            return handle.source()
+        if isinstance(handle, _Local):
+            return self.rank
+        try:
+            return _source_rank(handle)
+        except (AttributeError, RuntimeError):
+            return None
+
+    # ----- point-to-point -----------------------------------------------------------------
+    def _p2p(self, work):
+        return work if self._pollable else _P2P(work)
+
+    def isend(self, buf, peer, tag, user=False):
+        if peer == self.rank:
+            self._sent.setdefault((user, tag), []).append(buf.clone())
+            self._match()
+            return _Local(None, done=True)
+        pg = self.group if user else self.internal
+        return self._p2p(pg.send([buf.view(-1)], peer, tag))
+
+    def irecv(self, buf, peer, tag, user=False):
+        pg = self.group if user else self.internal
+        if peer is None:
+            # An any-source receive is matched by the engine: it does not see messages to self.
+            return self._p2p(pg.recv_anysource([buf.view(-1)], tag))
+        if peer == self.rank:
+            handle = _Local(buf)
+            self._posted.append(((user, tag), handle))
+            self._match()
+            return handle
+        return self._p2p(pg.recv([buf.view(-1)], peer, tag))
+
+    def _match(self) -> None:
+        for key, handle in self._posted:
+            sent = self._sent.get(key)
+            if sent and not handle.done:
+                handle.buf.view(-1).copy_(sent.pop(0).view(-1).view(handle.buf.dtype))
+                handle.done = True
+        self._posted = [p for p in self._posted if not p[1].done]
+
+    # ----- native collectives -------------------------------------------------------------
+    def all_reduce(self, buf, op):
+        flat = buf.view(-1)
+        if op in self._lacks:
+            return self._emulated(flat, op, lambda res: flat.copy_(res))
+        return self.group.allreduce([flat], _OPS[op])
+
+    def broadcast(self, buf, root):
+        opts = dist.BroadcastOptions()
+        opts.rootRank = root
+        return self.group.broadcast([buf.view(-1)], opts)
+
+    def reduce(self, buf, op, root):
+        flat = buf.view(-1)
+        if op in self._lacks:
+            return self._emulated(flat, op, flat.copy_ if self.rank == root else None)
+        opts = dist.ReduceOptions()
+        opts.rootRank, opts.reduceOp = root, _OPS[op]
+        if self.rank != root and self._clobbers:
+            scratch = flat.clone()
+            return _Composite([self.group.reduce([scratch], opts)], keep=scratch)
+        return self.group.reduce([flat], opts)
+
+    def all_gather(self, out, inp):
+        return self.group._allgather_base(out.view(-1), inp.view(-1))
+
+    def reduce_scatter(self, out, inp, op):
+        flat_out = out.view(-1)
+        if op in self._lacks:
+            n = flat_out.numel()
+            lo = self.rank * n
+            return self._emulated(inp.view(-1), op, lambda res: flat_out.copy_(res[lo:lo + n]))
+        if not self._rs_native:
+            full = inp.view(-1).clone()
+            lo = self.rank * flat_out.numel()
+            hi = lo + flat_out.numel()
+            return _Composite([self.group.allreduce([full], _OPS[op])],
+                              finish=lambda: flat_out.copy_(full[lo:hi]), keep=full)
+        opts = dist.ReduceScatterOptions()
+        opts.reduceOp = _OPS[op]
+        return self.group._reduce_scatter_base(flat_out, inp.view(-1), opts)
+
+    def all_to_all(self, out, inp, out_counts, in_counts):
+        return self.group.alltoall_base(out.view(-1), inp.view(-1), list(out_counts),
+                                        list(in_counts), dist.AllToAllOptions())
+
+    def barrier(self):
+        return self.group.barrier(dist.BarrierOptions())
+
+    def _emulated(self, flat, op, store_result):
+        """A reduction the engine lacks: all-gather every rank's ``flat``, reduce locally (in
+        rank order, the same on every rank), hand the result to ``store_result``."""
+        gathered = torch.empty(self.size * flat.numel(), dtype=flat.dtype, device=flat.device)
+        work = self.group._allgather_base(gathered, flat)
+
+        def finish():
+            if store_result is not None:
+                rows = gathered.view(self.size, -1).unbind(0)
+                store_result(functools.reduce(_LOCAL[op], rows))
+
+        return _Composite([work], finish=finish, keep=gathered)
+
+
+def _store(prefix: str):
+    return dist.PrefixStore(prefix + "/", dist.distributed_c10d._get_default_store())
+
+
+_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _init_from_env() -> None:
+    """``init_process_group`` from torchrun's variables: nccl when CUDA is usable, else gloo."""
+    missing = [k for k in _ENV if k not in os.environ]
+    if missing:
+        raise CommBackendError(
+            f"commlib.init(): backend 'torch': torch.distributed is not initialized and the "
+            f"environment lacks {missing}. Fix: launch with torchrun, call "
+            f"torch.distributed.init_process_group() before commlib.init(), or set "
+            f"{', '.join(_ENV)}."
+        )
+    kind = "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+    kwargs = {}
+    if kind == "nccl":
+        local = int(os.environ.get("LOCAL_RANK", int(os.environ["RANK"]) % torch.cuda.device_count()))
+        torch.cuda.set_device(local)
+        kwargs["device_id"] = torch.device("cuda", local)
+    try:
+        dist.init_process_group(kind, init_method="env://", **kwargs)
+    except (RuntimeError, ValueError) as exc:
+        raise CommBackendError(
+            f"commlib.init(): backend 'torch': init_process_group({kind!r}) from the environment "
+            f"(MASTER_ADDR={os.environ['MASTER_ADDR']}, MASTER_PORT={os.environ['MASTER_PORT']}, "
+            f"RANK={os.environ['RANK']}, WORLD_SIZE={os.environ['WORLD_SIZE']}) failed: {exc}. "
+            f"Fix: check that every rank uses the same MASTER_ADDR/MASTER_PORT and that the port "
+            f"is free on rank 0."
+        ) from exc
