@@ -1,9 +1,10 @@
 """torch.distributed process groups (gloo on CPU, nccl on GPU).
 
-The world communicator drives the default process group: the one the program created with
-``torch.distributed.init_process_group``, or one commlib creates from torchrun's environment
+The world communicator drives the default process group: the one the program created
+with ``torch.distributed.init_process_group``, or one commlib creates from torchrun's environment
 (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``). Native collectives and the user's
-point-to-point run on it, so ``commlib.send`` matches a ``torch.distributed.recv`` on the other side.
+point-to-point run on it, so ``commlib.send`` matches a ``torch.distributed.recv`` on the other
+side.
 
 Each communicator owns a second process group for commlib's algorithm steps (``user=False``), so its
 tags never meet the user's. Process groups below the world are built directly from the default
@@ -62,8 +63,8 @@ _BITWISE = frozenset({ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR})
 _HALF = frozenset({torch.float16, torch.bfloat16})
 
 # ----- what each process-group engine does, with the special cases next to it --------------
-# Measured on torch 2.13 (gloo) by tests/test_torch_backend.py; nccl from ProcessGroupNCCL's
-# documented limits.
+# gloo: measured on torch 2.13 and held by tests/test_torch_backend.py; nccl: from
+# ProcessGroupNCCL's documented limits (not run here: no GPU).
 #
 # devices: what the engine moves.
 _DEVICES = {"gloo": frozenset({"cpu"}), "nccl": frozenset({"cuda"})}
@@ -85,8 +86,8 @@ _REDUCE_CLOBBERS_INPUT = {"gloo": True, "nccl": False}
 # the Work to a waiter thread that blocks in wait() for it. nccl's Works poll a CUDA event.
 _P2P_POLLABLE = {"gloo": False, "nccl": True}
 # gloo's reduce_scatter has the same defect (its Work stays not-completed until wait()), so on
-# gloo it runs as an all-reduce of a copy of the input and a slice, which polls: the same traffic
-# as gloo's own reduce-scatter, which is built on its all-reduce.
+# gloo it runs as an all-reduce of a copy of the input and a slice, which polls (it moves the whole
+# input instead of one block per rank; gloo is the CPU fallback, not the fast path).
 _REDUCE_SCATTER_POLLABLE = {"gloo": False, "nccl": True}
 # Messages to oneself never reach the engine: gloo has no pair to itself ("Pair is not
 # connected"), so they are matched locally, by (channel, tag), in posting order.
@@ -222,7 +223,7 @@ class _Local:
 
 
 def _source_rank(work) -> int:
-    fn = getattr(work, "_source_rank", None) or getattr(work, "source_rank")
+    fn = getattr(work, "_source_rank", None) or work.source_rank
     return int(fn())
 
 
@@ -269,8 +270,9 @@ class TorchBackend(Backend):
         kind = _kind(world)
         _generation += 1
         ident = f"commlib/{_generation}"
-        internal = _make_pg(kind, _store(ident + "/internal"), dist.get_rank(), dist.get_world_size())
-        return cls(world, internal, kind, range(dist.get_world_size()), ident)
+        size = dist.get_world_size()
+        internal = _make_pg(kind, _store(ident + "/internal"), dist.get_rank(), size)
+        return cls(world, internal, kind, range(size), ident)
 
     def new_subgroup(self, ranks: Sequence[int]) -> "TorchBackend | None":
         ranks = list(ranks)
@@ -449,7 +451,8 @@ def _init_from_env() -> None:
     kind = "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
     kwargs = {}
     if kind == "nccl":
-        local = int(os.environ.get("LOCAL_RANK", int(os.environ["RANK"]) % torch.cuda.device_count()))
+        fallback = int(os.environ["RANK"]) % torch.cuda.device_count()
+        local = int(os.environ.get("LOCAL_RANK", fallback))
         torch.cuda.set_device(local)
         kwargs["device_id"] = torch.device("cuda", local)
     try:

@@ -195,7 +195,7 @@ def case_all_to_all_single_uneven():
         in_splits = [a2a_splits(rank, d) for d in range(n)]
         out_splits = [a2a_splits(s, rank) for s in range(n)]
         # block sent from s to d: rows of 2 columns, values encoding (s, d, row)
-        def block(s, d):
+        def block(s, d, dtype=dtype):
             rows = a2a_splits(s, d)
             v = torch.arange(rows * 2).view(rows, 2) + 100 * s + 10 * d
             return (v % 2).bool() if dtype is torch.bool else v.to(dtype)
@@ -281,7 +281,8 @@ def case_batch_isend_irecv():
     right, left = torch.empty(3, dtype=torch.float64), torch.empty(3, dtype=torch.float64)
     ops = [
         commlib.P2POp(commlib.isend, torch.full((3,), rank + 0.5, dtype=torch.float64), nxt),
-        commlib.P2POp(commlib.isend, torch.full((3,), rank + 0.25, dtype=torch.float64), prv, tag=1),
+        commlib.P2POp(commlib.isend, torch.full((3,), rank + 0.25, dtype=torch.float64), prv,
+                      tag=1),
         commlib.P2POp(commlib.irecv, left, prv),
         commlib.P2POp(commlib.irecv, right, nxt, tag=1),
     ]
