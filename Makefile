@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 bench: setup
-	$(MPIRUN) -n $(NP) $(PY) bench/all_reduce.py -b 8 -e 64M -f 4 --compare
+	$(MPIRUN) -n $(NP) $(PY) bench/all_reduce.py -b 8 -e 64M -f 2 --compare
 
 test: setup
 	$(PY) -m pytest -q

@@ -1,0 +1,68 @@
+"""The benchmarks are tests too: every collective's bench file runs under mpiexec, checks its
+results (#wrong == 0 for commlib, mpi4py and gloo) and prints nccl-tests' columns; and the checker
+itself catches a corrupted result (the hidden ``--inject-error`` flag)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from conftest import ROOT, base_env, mpiexec_path, run_cmd
+
+BENCH = ROOT / "bench"
+QUICK = ["-b", "8", "-e", "64K", "-f", "64", "-w", "1", "-n", "3", "--rounds", "2", "-q"]
+COLLECTIVES = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "alltoall",
+               "sendrecv"]
+
+
+def bench(n: int, name: str, *args: str, check: bool = True):
+    exe = mpiexec_path()
+    if exe is None:
+        pytest.fail("mpiexec not found: install the 'mpich' extra (pip install mpich)")
+    cmd = [exe, "-n", str(n), sys.executable, str(BENCH / f"{name}.py"), *args]
+    return run_cmd(cmd, timeout=120, env=base_env(), check=check)
+
+
+@pytest.mark.parametrize("name", COLLECTIVES)
+def test_compare_is_correct(name, tmp_path):
+    out = tmp_path / "r.json"
+    proc = bench(2, name, *QUICK, "--compare", "--json", str(out))
+    for column in ("commlib µs", "mpi4py µs", "gloo µs", "commlib-mpi4py (µs)",
+                   "commlib/mpi4py", "gloo/commlib"):
+        assert column in proc.stdout, proc.stdout
+    assert "# Out of bounds values : 0 OK" in proc.stdout
+    doc = json.loads(out.read_text())
+    assert [r["size"] for r in doc["rows"]] == [8, 512, 32768]
+    for row in doc["rows"]:
+        for impl, res in row["impls"].items():
+            assert res is not None, (impl, row)
+            assert res["wrong"] == 0, (impl, row)
+            assert len(res["rounds_us"]) == 2 and res["median_us"] > 0
+    assert doc["wrong_total"] == 0
+
+
+def test_table_columns_and_placements(tmp_path):
+    out = tmp_path / "t.json"
+    proc = bench(2, "reduce_scatter", *QUICK, "-d", "bf16", "-o", "avg", "--json", str(out))
+    head = proc.stdout
+    for column in ("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong",
+                   "out-of-place", "in-place", "# Avg bus bandwidth"):
+        assert column in head, head
+    doc = json.loads(out.read_text())
+    assert doc["busbw_factor"] == 0.5 and doc["redop"] == "avg" and doc["dtype"] == "bfloat16"
+    for row in doc["rows"]:
+        for key in ("out_of_place", "in_place"):
+            assert row[key]["wrong"] == 0 and row[key]["iters"] == 3, row
+            assert row[key]["busbw"] == pytest.approx(row[key]["algbw"] * 0.5)
+
+
+def test_checker_catches_a_wrong_result(tmp_path):
+    out = tmp_path / "bad.json"
+    proc = bench(2, "all_reduce", *QUICK, "--inject-error", "--json", str(out), check=False)
+    assert proc.returncode != 0
+    assert "FAILED" in proc.stdout
+    doc = json.loads(out.read_text())
+    assert doc["wrong_total"] > 0
+    assert all(r[k]["wrong"] > 0 for r in doc["rows"] for k in ("out_of_place", "in_place"))
