@@ -22,7 +22,9 @@ from typing import Callable, NamedTuple, Sequence
 import torch
 
 from . import debug as _debug
-from ._progress import Work, completed_work, start
+from ._plans import PLANS as _PLANS
+from ._plans import remember
+from ._progress import Work, completed_work, drive, start
 from ._tensors import as_tensor, overlaps, work_view
 from .algorithms import Ctx
 from .errors import CommArgumentError, CommError, CommTypeError, arg_error
@@ -163,6 +165,14 @@ def all_reduce(tensor, op=ReduceOp.SUM, group: Group | None = None, async_op: bo
     Example (3 ranks, ``t = torch.full((2,), rank + 1.0)``): after ``all_reduce(t)`` every rank
     holds ``[6., 6.]``.
     """
+    plan = _PLANS.get(id(tensor))
+    if plan is not None and not async_op and plan[0]() is tensor and plan[1] is op \
+            and plan[2] is group and plan[3] is algorithm and tensor.data_ptr() == plan[4] \
+            and tensor.numel() == plan[5] and tensor.is_contiguous():
+        g = plan[6]  # a repeated call: see commlib/_plans.py
+        if g.broken is None:
+            g.seq += 1
+            return drive(None, [plan[7]()], g, "all_reduce", g.seq, g.timeout)
     g = resolve_group(group, "all_reduce")
     try:
         t = as_tensor(tensor, "all_reduce", "tensor", writable=True)
@@ -176,6 +186,14 @@ def all_reduce(tensor, op=ReduceOp.SUM, group: Group | None = None, async_op: bo
     g.seq += 1
     if t.numel() == 0:
         return completed_work() if async_op else None
+    prepare = getattr(algo, "prepare", None)
+    if prepare is not None and not async_op and not g.debug and t is tensor \
+            and rop is not ReduceOp.AVG and t.dtype in g.backend.native_reduce_dtypes \
+            and t.is_contiguous():
+        post = prepare(g.backend, t, rop)
+        if post is not None:
+            remember(tensor, op, group, algorithm, g, post)
+            return drive(None, [post()], g, "all_reduce", g.seq, g.timeout)
     return start(*_reduce_in_place(g, algo, t, rop, None), g, "all_reduce", g.seq, async_op)
 
 

@@ -12,6 +12,14 @@ def all_reduce(ctx, buf):
     return [ctx.backend.all_reduce(buf, ctx.op)]
 
 
+def _prepare_all_reduce(backend, buf, op):
+    """A pre-bound engine call for repeated all-reduces of ``buf`` (see commlib/_plans.py)."""
+    return backend.prepare_all_reduce(buf, op)
+
+
+all_reduce.prepare = _prepare_all_reduce
+
+
 @register_algorithm("native", "broadcast")
 def broadcast(ctx, buf, root):
     return [ctx.backend.broadcast(buf, root)]

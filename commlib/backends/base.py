@@ -98,6 +98,12 @@ class Backend:
     def all_reduce(self, buf: torch.Tensor, op: ReduceOp) -> Handle:
         raise NotImplementedError
 
+    def prepare_all_reduce(self, buf: torch.Tensor, op: ReduceOp):
+        """Optional: a zero-argument callable that posts ``all_reduce(buf, op)`` and returns its
+        handle, bound once for repeated calls on the same buffer; None if not offered. It must
+        not keep ``buf`` alive (the caller does, for the duration of each call)."""
+        return None
+
     def broadcast(self, buf: torch.Tensor, root: int) -> Handle:
         raise NotImplementedError
 

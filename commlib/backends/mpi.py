@@ -8,8 +8,11 @@ commlib's collectives and algorithm steps, one for the user's point-to-point, so
 
 from __future__ import annotations
 
+import ctypes
+import functools
 from typing import Sequence
 
+import numpy as np
 import torch
 from mpi4py import MPI
 
@@ -174,6 +177,15 @@ class MPIBackend(Backend):
     def all_reduce(self, buf, op):
         data = buf.numpy() if not buf.is_cuda else self._buf(buf)  # inline: the latency path
         return self.comm.Iallreduce(MPI.IN_PLACE, data, _MPI_OPS[op])
+
+    def prepare_all_reduce(self, buf, op):
+        if buf.is_cuda:
+            return None
+        # A NumPy view of buf's memory that does not own it: the plan must not keep buf alive.
+        view = np.ctypeslib.as_array(
+            ctypes.cast(buf.data_ptr(), ctypes.POINTER(ctypes.c_ubyte)), shape=(buf.nbytes,)
+        ).view(buf.numpy().dtype if buf.dtype is not torch.bool else np.uint8)
+        return functools.partial(self.comm.Iallreduce, MPI.IN_PLACE, view, _MPI_OPS[op])
 
     def broadcast(self, buf, root):
         return self.comm.Ibcast(self._buf(buf, raw=True), root)
