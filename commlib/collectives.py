@@ -115,8 +115,9 @@ def _same(fn: str, arg: str, t: torch.Tensor, ref: torch.Tensor, ref_arg: str) -
                         "move one of them")
 
 
-def _ctx(group: Group, op: ReduceOp | None, _new=tuple.__new__) -> Ctx:
-    return _new(Ctx, (group.backend, group.rank, group.size, group.seq % _TAG_SPACE, op))
+def _ctx(group: Group, op: ReduceOp | None, blocking: bool = False, _new=tuple.__new__) -> Ctx:
+    return _new(Ctx, (group.backend, group.rank, group.size, group.seq % _TAG_SPACE, op,
+                      blocking))
 
 
 def _reduce_view(flat: torch.Tensor, group: Group) -> torch.Tensor:
@@ -135,8 +136,8 @@ def _reduce_view(flat: torch.Tensor, group: Group) -> torch.Tensor:
 # Each executor below prepares the buffers, creates the algorithm's generator and returns it with
 # a ``finish`` callable (or None when there is nothing left to do: the common, latency-bound case)
 # that runs after the last step: AVG division, copy back from an upcast or contiguous copy.
-def _reduce_in_place(group, algo, t, op, root):
-    ctx = _ctx(group, op)
+def _reduce_in_place(group, algo, t, op, root, blocking):
+    ctx = _ctx(group, op, blocking)
     if op is not ReduceOp.AVG and t.dtype in group.backend.native_reduce_dtypes \
             and t.is_contiguous():  # the common case: the engine works on t itself
         return (algo(ctx, t) if root is None else algo(ctx, t, root)), None, t
@@ -158,6 +159,20 @@ def _reduce_in_place(group, algo, t, op, root):
     return gen, finish, (t, buf)
 
 
+def _run_plan(g: Group, post) -> None:
+    """Run a planned all-reduce: the engine's blocking call under the watchdog, or its
+    non-blocking call through the poll loop (``COMMLIB_TIMEOUT_MODE=raise``)."""
+    if not g.blocking:
+        return drive(None, [post()], g, "all_reduce", g.seq, g.timeout)
+    backend = g.backend
+    backend.inflight = "all_reduce"  # what the watchdog sees (commlib/_watchdog.py)
+    try:
+        post()
+    finally:
+        backend.inflight = None
+    return None
+
+
 def all_reduce(tensor, op=ReduceOp.SUM, group: Group | None = None, async_op: bool = False, *,
                algorithm: str | None = None):
     """Reduce ``tensor`` across the group; every rank gets the result in place.
@@ -172,7 +187,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group: Group | None = None, async_op: bo
         g = plan[6]  # a repeated call: see commlib/_plans.py
         if g.broken is None:
             g.seq += 1
-            return drive(None, [plan[7]()], g, "all_reduce", g.seq, g.timeout)
+            return _run_plan(g, plan[7])
     g = resolve_group(group, "all_reduce")
     try:
         t = as_tensor(tensor, "all_reduce", "tensor", writable=True)
@@ -190,11 +205,11 @@ def all_reduce(tensor, op=ReduceOp.SUM, group: Group | None = None, async_op: bo
     if prepare is not None and not async_op and not g.debug and t is tensor \
             and rop is not ReduceOp.AVG and t.dtype in g.backend.native_reduce_dtypes \
             and t.is_contiguous():
-        post = prepare(g.backend, t, rop)
+        post = prepare(g.backend, t, rop, g.blocking)
         if post is not None:
             remember(tensor, op, group, algorithm, g, post)
-            return drive(None, [post()], g, "all_reduce", g.seq, g.timeout)
-    return start(*_reduce_in_place(g, algo, t, rop, None), g, "all_reduce", g.seq, async_op)
+            return _run_plan(g, post)
+    return start(*_reduce_in_place(g, algo, t, rop, None, g.blocking and not async_op), g, "all_reduce", g.seq, async_op)
 
 
 def reduce(tensor, dst: int | None = None, op=ReduceOp.SUM, group: Group | None = None,
@@ -216,13 +231,13 @@ def reduce(tensor, dst: int | None = None, op=ReduceOp.SUM, group: Group | None 
     g.seq += 1
     if t.numel() == 0:
         return completed_work() if async_op else None
-    return start(*_reduce_in_place(g, algo, t, rop, root), g, "reduce", g.seq, async_op)
+    return start(*_reduce_in_place(g, algo, t, rop, root, g.blocking and not async_op), g, "reduce", g.seq, async_op)
 
 
 # ----- broadcast ---------------------------------------------------------------------------
-def _broadcast(group, algo, t, root):
+def _broadcast(group, algo, t, root, blocking):
     flat, copied = work_view(t)
-    gen = algo(_ctx(group, None), flat, root)
+    gen = algo(_ctx(group, None, blocking), flat, root)
     if copied and group.rank != root:
         return gen, (lambda: t.copy_(flat)), (t, flat)
     return gen, None, (t, flat)
@@ -244,7 +259,7 @@ def broadcast(tensor, src: int | None = None, group: Group | None = None, async_
     g.seq += 1
     if t.numel() == 0:
         return completed_work() if async_op else None
-    return start(*_broadcast(g, algo, t, root), g, "broadcast", g.seq, async_op)
+    return start(*_broadcast(g, algo, t, root, g.blocking and not async_op), g, "broadcast", g.seq, async_op)
 
 
 # ----- all-gather --------------------------------------------------------------------------
@@ -283,7 +298,7 @@ def all_gather_into_tensor(output_tensor, input_tensor, group: Group | None = No
         return completed_work() if async_op else None
     out_buf, copied = work_view(out)
     inp_flat = _prepare_gather_input(inp, out)
-    gen = algo(_ctx(g, None), out_buf, inp_flat)
+    gen = algo(_ctx(g, None, g.blocking and not async_op), out_buf, inp_flat)
     finish = (lambda: out.copy_(out_buf)) if copied else None
     return start(gen, finish, (out, out_buf, inp_flat), g, fn, g.seq, async_op)
 
@@ -325,12 +340,12 @@ def all_gather(tensor_list: list, tensor, group: Group | None = None, async_op: 
             o.copy_(flat[i * n:(i + 1) * n].view(o.shape))
 
     inp_flat = _prepare_gather_input(inp, flat)
-    gen = algo(_ctx(g, None), flat, inp_flat)
+    gen = algo(_ctx(g, None, g.blocking and not async_op), flat, inp_flat)
     return start(gen, scatter_back, (flat, inp_flat), g, fn, g.seq, async_op)
 
 
 # ----- reduce-scatter ----------------------------------------------------------------------
-def _reduce_scatter(group, algo, out, inp, op):
+def _reduce_scatter(group, algo, out, inp, op, blocking):
     out_flat, copied = work_view(out)
     inp_flat = inp.reshape(-1) if inp.is_contiguous() else inp.contiguous().view(-1)
     inp_buf = _reduce_view(inp_flat, group)
@@ -340,7 +355,7 @@ def _reduce_scatter(group, algo, out, inp, op):
     out_buf = _reduce_view(out_flat, group)
     if out_buf.dtype != out_flat.dtype or out_buf.data_ptr() != out_flat.data_ptr():
         out_buf = torch.empty_like(out_buf)
-    gen = algo(_ctx(group, op), out_buf, inp_buf)
+    gen = algo(_ctx(group, op, blocking), out_buf, inp_buf)
 
     def finish():
         if op is ReduceOp.AVG:
@@ -378,7 +393,7 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group: Group | None = 
     g.seq += 1
     if out.numel() == 0:
         return completed_work() if async_op else None
-    return start(*_reduce_scatter(g, algo, out, inp, rop), g, fn, g.seq, async_op)
+    return start(*_reduce_scatter(g, algo, out, inp, rop, g.blocking and not async_op), g, fn, g.seq, async_op)
 
 
 # ----- all-to-all --------------------------------------------------------------------------
@@ -404,12 +419,12 @@ def _splits(fn: str, arg: str, splits, t: torch.Tensor, size: int) -> list[int]:
     return splits
 
 
-def _all_to_all(group, algo, out, inp, out_counts, in_counts):
+def _all_to_all(group, algo, out, inp, out_counts, in_counts, blocking):
     out_flat, copied = work_view(out)
     inp_flat = inp.reshape(-1) if inp.is_contiguous() else inp.contiguous().view(-1)
     if overlaps(inp_flat, out_flat):
         inp_flat = inp_flat.clone()
-    gen = algo(_ctx(group, None), out_flat, inp_flat, out_counts, in_counts)
+    gen = algo(_ctx(group, None, blocking), out_flat, inp_flat, out_counts, in_counts)
     finish = (lambda: out.copy_(out_flat.view(out.shape))) if copied else None
     return gen, finish, (out, out_flat, inp_flat)
 
@@ -441,7 +456,8 @@ def all_to_all_single(output, input, output_split_sizes: Sequence[int] | None = 
     row = math.prod(inp.shape[1:])
     in_counts = [s * row for s in in_splits]
     out_counts = [s * row for s in out_splits]
-    return start(*_all_to_all(g, algo, out, inp, out_counts, in_counts), g, fn, g.seq, async_op)
+    return start(*_all_to_all(g, algo, out, inp, out_counts, in_counts,
+                                g.blocking and not async_op), g, fn, g.seq, async_op)
 
 
 # ----- barrier -----------------------------------------------------------------------------
@@ -452,7 +468,8 @@ def barrier(group: Group | None = None, async_op: bool = False, device_ids=None)
         _agree(g, "barrier")
     g.seq += 1
     algo = select("barrier", 0, g, None, "barrier")
-    return start(algo(_ctx(g, None)), None, None, g, "barrier", g.seq, async_op)
+    ctx = _ctx(g, None, g.blocking and not async_op)
+    return start(algo(ctx), None, None, g, "barrier", g.seq, async_op)
 
 
 # ----- point-to-point ----------------------------------------------------------------------

@@ -33,6 +33,13 @@ def _parse_timeout(text: str) -> float | None:
     return None if value == 0 else value
 
 
+def _parse_timeout_mode(text: str) -> str:
+    mode = text.strip().lower()
+    if mode not in ("abort", "raise"):
+        raise ValueError("expected 'abort' or 'raise'")
+    return mode
+
+
 def _parse_level(text: str) -> str:
     level = text.strip().upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -76,6 +83,14 @@ OPTIONS: dict[str, Option] = {
         Option("timeout", 600.0, _parse_timeout,
                "Seconds before a stuck operation raises `CommTimeoutError` naming the op, group "
                "and sequence number. `0` disables the timeout (blocking engine calls)."),
+        Option("timeout_mode", "abort", _parse_timeout_mode,
+               "What a timeout does to a blocking collective. `abort` (default, like NCCL's "
+               "watchdog in PyTorch): blocking collectives run as the engine's own blocking call, "
+               "and a watchdog thread ends the whole job with `CommTimeoutError` (op, group, "
+               "sequence number) on stderr. `raise`: every operation is polled and raises "
+               "`CommTimeoutError` in the caller (catchable; costs about 1 µs a call, more when "
+               "ranks outnumber cores). Asynchronous operations (`Work.wait`) and multi-step "
+               "algorithms always raise."),
         Option("debug", False, _parse_bool,
                "Exchange a fingerprint (collective, shape, dtype, op, root) before every "
                "collective; ranks that disagree raise `CommMismatchError` on every rank."),

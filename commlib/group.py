@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Sequence
 
-from . import config
+from . import _plans, _watchdog, config
 from .backends import get_backend_class
 from .backends.base import Backend
 from .errors import CommArgumentError, CommStateError, arg_error
@@ -37,6 +37,9 @@ class Group:
         self.name = name
         self.timeout = timeout
         self.debug = debug
+        # Blocking calls may block in the engine (fastest) when nothing has to interrupt them:
+        # no timeout, or timeouts handled by the watchdog (COMMLIB_TIMEOUT_MODE=abort).
+        self.blocking = timeout is None or _state.timeout_mode == "abort"
         self.seq = 0
         self.broken: str | None = None
         self._index = {r: i for i, r in enumerate(self.ranks)}
@@ -59,6 +62,7 @@ class Group:
 
 class _State:
     world: Group | None = None
+    timeout_mode: str = "abort"
     backend_name: str | None = None
     groups: list[Group] = []
     excepthook = None
@@ -89,7 +93,7 @@ def _detect_backend() -> str:
 
 
 def init(backend: str | None = None, *, timeout: float | None = None, debug: bool | None = None,
-         log_level: str | None = None) -> Group:
+         log_level: str | None = None, timeout_mode: str | None = None) -> Group:
     """Initialize commlib and return the world group.
 
     With no argument it works under ``mpirun``/``mpiexec`` (backend ``mpi``), under ``torchrun``
@@ -104,6 +108,9 @@ def init(backend: str | None = None, *, timeout: float | None = None, debug: boo
             ``COMMLIB_TIMEOUT`` or 600.
         debug: check before every collective that all ranks agree; default ``COMMLIB_DEBUG``.
         log_level: level of the ``commlib`` logger; default ``COMMLIB_LOG`` or WARNING.
+        timeout_mode: ``"abort"`` (a watchdog ends the job when a blocking collective exceeds
+            the timeout) or ``"raise"`` (every call polled, ``CommTimeoutError`` raised); default
+            ``COMMLIB_TIMEOUT_MODE`` or abort. See docs/configuration.md.
     """
     if _state.world is not None:
         if backend is not None and backend != _state.backend_name:
@@ -129,11 +136,18 @@ def init(backend: str | None = None, *, timeout: float | None = None, debug: boo
     world_backend = cls.create_world()
     timeout_s = config.get("timeout", timeout)
     timeout_s = None if not timeout_s else float(timeout_s)
+    mode = config.get("timeout_mode", timeout_mode)
+    if mode not in ("abort", "raise"):
+        raise arg_error("init", "timeout_mode", mode, "must be 'abort' or 'raise'",
+                        "pass timeout_mode='raise' for catchable timeouts")
+    _state.timeout_mode = mode
     world = Group(world_backend, world_backend.global_ranks(), "world", timeout_s,
                   bool(config.get("debug", debug)))
     _state.world, _state.backend_name, _state.groups = world, name, [world]
-    log.info("rank %d/%d: backend %s (%s), timeout %s, debug %s", world.rank, world.size, name,
-             source, timeout_s, world.debug)
+    log.info("rank %d/%d: backend %s (%s), timeout %s (%s), debug %s", world.rank, world.size,
+             name, source, timeout_s, mode, world.debug)
+    if mode == "abort" and world.size > 1:
+        _watchdog.start(lambda: _state.groups)
     if name in ("mpi", "nccl") and world.size > 1 and config.get("abort_on_exception"):
         _install_abort_hook(world_backend)
     return world
@@ -164,6 +178,10 @@ def finalize() -> None:
         sys.excepthook = _state.excepthook
         _state.excepthook = None
     _state.world, _state.backend_name, _state.groups = None, None, []
+    _plans.clear()
+    from .tuning import clear_cache  # a new world's groups may reuse the old ones' ids
+
+    clear_cache()
 
 
 atexit.register(finalize)

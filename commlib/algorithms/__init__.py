@@ -42,13 +42,16 @@ _REGISTRY: dict[str, dict[str, Callable]] = {c: {} for c in COLLECTIVES}
 
 class Ctx(NamedTuple):
     """What an algorithm needs: the communicator, its rank and size, the message tag of this
-    call (unique per call on the group) and the reduction op."""
+    call (unique per call on the group), the reduction op, and whether the call may block in the
+    engine (a blocking call under ``COMMLIB_TIMEOUT_MODE=abort``; engines' native collectives
+    then run as their blocking variant, guarded by the watchdog)."""
 
     backend: Backend
     rank: int
     size: int
     tag: int
     op: ReduceOp | None
+    blocking: bool = False
 
     def isend(self, buf: torch.Tensor, peer: int):
         return self.backend.isend(buf, peer, self.tag)

@@ -94,36 +94,42 @@ class Backend:
     def irecv(self, buf: torch.Tensor, peer: int | None, tag: int, user: bool = False) -> Handle:
         raise NotImplementedError
 
-    # ----- native collectives (all in place on flat contiguous tensors) ---------------------
-    def all_reduce(self, buf: torch.Tensor, op: ReduceOp) -> Handle:
+    # ----- native collectives (all in place on contiguous tensors) --------------------------
+    # ``blocking=True`` allows the engine's blocking variant: the call returns when done, with an
+    # already-completed handle, and sets ``self.inflight`` to the collective's name meanwhile so
+    # that the watchdog (commlib/_watchdog.py) can end a stuck job. Backends without a blocking
+    # variant ignore it.
+    inflight: str | None = None
+
+    def all_reduce(self, buf: torch.Tensor, op: ReduceOp, blocking: bool = False) -> Handle:
         raise NotImplementedError
 
-    def prepare_all_reduce(self, buf: torch.Tensor, op: ReduceOp):
-        """Optional: a zero-argument callable that posts ``all_reduce(buf, op)`` and returns its
-        handle, bound once for repeated calls on the same buffer; None if not offered. It must
-        not keep ``buf`` alive (the caller does, for the duration of each call)."""
+    def prepare_all_reduce(self, buf: torch.Tensor, op: ReduceOp, blocking: bool = False):
+        """Optional: a zero-argument callable that runs ``all_reduce(buf, op, blocking)`` (and
+        returns its handle when not blocking), bound once for repeated calls on the same buffer;
+        None if not offered. It must not keep ``buf`` alive (the caller does, for each call)."""
         return None
 
-    def broadcast(self, buf: torch.Tensor, root: int) -> Handle:
+    def broadcast(self, buf: torch.Tensor, root: int, blocking: bool = False) -> Handle:
         raise NotImplementedError
 
-    def reduce(self, buf: torch.Tensor, op: ReduceOp, root: int) -> Handle:
+    def reduce(self, buf: torch.Tensor, op: ReduceOp, root: int, blocking: bool = False) -> Handle:
         """Result in ``buf`` on ``root``; other ranks' ``buf`` is left unchanged."""
         raise NotImplementedError
 
-    def all_gather(self, out: torch.Tensor, inp: torch.Tensor) -> Handle:
+    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, blocking: bool = False) -> Handle:
         """``out`` holds ``size`` blocks of ``inp.numel()``, block i from rank i."""
         raise NotImplementedError
 
-    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: ReduceOp) -> Handle:
+    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: ReduceOp,
+                       blocking: bool = False) -> Handle:
         """``inp`` holds ``size`` blocks of ``out.numel()``; rank i gets the reduced block i."""
         raise NotImplementedError
 
-    def all_to_all(
-        self, out: torch.Tensor, inp: torch.Tensor, out_counts: list[int], in_counts: list[int]
-    ) -> Handle:
+    def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, out_counts: list[int],
+                   in_counts: list[int], blocking: bool = False) -> Handle:
         """Element counts per peer; blocks laid out in rank order."""
         raise NotImplementedError
 
-    def barrier(self) -> Handle:
+    def barrier(self, blocking: bool = False) -> Handle:
         raise NotImplementedError

@@ -362,21 +362,21 @@ class NCCLBackend(Backend):
         self.flush()  # point-to-point posted before a collective is launched before it
         return self._stream()
 
-    def all_reduce(self, buf, op):
+    def all_reduce(self, buf, op, blocking=False):
         count, datatype, code = reduction_args(buf.dtype, buf.numel(), op)
         stream = self._begin()
         ptr = self._ptr(buf)
         self.comm.allReduce(ptr, ptr, count, datatype, code, stream.ptr)
         return self._done(stream)
 
-    def broadcast(self, buf, root):
+    def broadcast(self, buf, root, blocking=False):
         count, datatype = movement_args(buf.numel(), buf.element_size())
         stream = self._begin()
         ptr = self._ptr(buf)
         self.comm.broadcast(ptr, ptr, count, datatype, root, stream.ptr)
         return self._done(stream)
 
-    def reduce(self, buf, op, root):
+    def reduce(self, buf, op, root, blocking=False):
         # NCCL writes recvbuff on the root only: other ranks' buffers stay unchanged.
         count, datatype, code = reduction_args(buf.dtype, buf.numel(), op)
         stream = self._begin()
@@ -384,20 +384,20 @@ class NCCLBackend(Backend):
         self.comm.reduce(ptr, ptr, count, datatype, code, root, stream.ptr)
         return self._done(stream)
 
-    def all_gather(self, out, inp):
+    def all_gather(self, out, inp, blocking=False):
         count, datatype = movement_args(inp.numel(), inp.element_size())
         stream = self._begin()
         self.comm.allGather(self._ptr(inp), self._ptr(out), count, datatype, stream.ptr)
         return self._done(stream)
 
-    def reduce_scatter(self, out, inp, op):
+    def reduce_scatter(self, out, inp, op, blocking=False):
         count, datatype, code = reduction_args(out.dtype, out.numel(), op)
         stream = self._begin()
         self.comm.reduceScatter(self._ptr(inp), self._ptr(out), count, datatype, code,
                                 stream.ptr)
         return self._done(stream)
 
-    def all_to_all(self, out, inp, out_counts, in_counts):
+    def all_to_all(self, out, inp, out_counts, in_counts, blocking=False):
         steps = plan_all_to_all(self.rank, out_counts, in_counts, inp.element_size())
         stream = self._begin()
         send_ptr, recv_ptr = self._ptr(inp), self._ptr(out)
@@ -414,7 +414,7 @@ class NCCLBackend(Backend):
             self._nccl.groupEnd()
         return self._done(stream)
 
-    def barrier(self):
+    def barrier(self, blocking=False):
         # NCCL has no barrier: a one-element all-reduce, complete when every rank has joined.
         stream = self._begin()
         ptr = self._scratch.data.ptr

@@ -81,26 +81,26 @@ class SelfBackend(Backend):
         self._match()
         return r
 
-    def all_reduce(self, buf, op):
+    def all_reduce(self, buf, op, blocking=False):
         return _DONE
 
-    def broadcast(self, buf, root):
+    def broadcast(self, buf, root, blocking=False):
         return _DONE
 
-    def reduce(self, buf, op, root):
+    def reduce(self, buf, op, root, blocking=False):
         return _DONE
 
-    def all_gather(self, out, inp):
+    def all_gather(self, out, inp, blocking=False):
         out.copy_(inp)
         return _DONE
 
-    def reduce_scatter(self, out, inp, op):
+    def reduce_scatter(self, out, inp, op, blocking=False):
         out.copy_(inp)
         return _DONE
 
-    def all_to_all(self, out, inp, out_counts, in_counts):
+    def all_to_all(self, out, inp, out_counts, in_counts, blocking=False):
         out.copy_(inp)
         return _DONE
 
-    def barrier(self):
+    def barrier(self, blocking=False):
         return _DONE

@@ -369,18 +369,18 @@ class TorchBackend(Backend):
         self._posted = [p for p in self._posted if not p[1].done]
 
     # ----- native collectives -------------------------------------------------------------
-    def all_reduce(self, buf, op):
+    def all_reduce(self, buf, op, blocking=False):
         flat = buf.view(-1)
         if op in self._lacks:
             return self._emulated(flat, op, lambda res: flat.copy_(res))
         return self.group.allreduce([flat], _OPS[op])
 
-    def broadcast(self, buf, root):
+    def broadcast(self, buf, root, blocking=False):
         opts = dist.BroadcastOptions()
         opts.rootRank = root
         return self.group.broadcast([buf.view(-1)], opts)
 
-    def reduce(self, buf, op, root):
+    def reduce(self, buf, op, root, blocking=False):
         flat = buf.view(-1)
         if op in self._lacks:
             return self._emulated(flat, op, flat.copy_ if self.rank == root else None)
@@ -391,10 +391,10 @@ class TorchBackend(Backend):
             return _Composite([self.group.reduce([scratch], opts)], keep=scratch)
         return self.group.reduce([flat], opts)
 
-    def all_gather(self, out, inp):
+    def all_gather(self, out, inp, blocking=False):
         return self.group._allgather_base(out.view(-1), inp.view(-1))
 
-    def reduce_scatter(self, out, inp, op):
+    def reduce_scatter(self, out, inp, op, blocking=False):
         flat_out = out.view(-1)
         if op in self._lacks:
             n = flat_out.numel()
@@ -410,11 +410,11 @@ class TorchBackend(Backend):
         opts.reduceOp = _OPS[op]
         return self.group._reduce_scatter_base(flat_out, inp.view(-1), opts)
 
-    def all_to_all(self, out, inp, out_counts, in_counts):
+    def all_to_all(self, out, inp, out_counts, in_counts, blocking=False):
         return self.group.alltoall_base(out.view(-1), inp.view(-1), list(out_counts),
                                         list(in_counts), dist.AllToAllOptions())
 
-    def barrier(self):
+    def barrier(self, blocking=False):
         return self.group.barrier(dist.BarrierOptions())
 
     def _emulated(self, flat, op, store_result):
