@@ -104,8 +104,9 @@ OPTIONS: dict[str, Option] = {
                "Whether MPI may be given CUDA buffers: `1`, `0` or `auto` (default, asks "
                "`MPIX_Query_cuda_support` where the MPI library has it)."),
         Option("abort_on_exception", True, _parse_bool,
-               "Under mpirun, an uncaught exception on one rank aborts the whole job "
-               "(`MPI_Abort`) instead of leaving the other ranks waiting."),
+               "An uncaught exception on one rank ends the whole job (`MPI_Abort` under "
+               "mpirun; exit code 1 under torchrun, whose agent then stops the other workers) "
+               "instead of leaving the other ranks waiting."),
     ]
 }
 

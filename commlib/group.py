@@ -148,7 +148,7 @@ def init(backend: str | None = None, *, timeout: float | None = None, debug: boo
              name, source, timeout_s, mode, world.debug)
     if mode == "abort" and world.size > 1:
         _watchdog.start(lambda: _state.groups)
-    if name in ("mpi", "nccl") and world.size > 1 and config.get("abort_on_exception"):
+    if world.size > 1 and config.get("abort_on_exception"):
         _install_abort_hook(world_backend)
     return world
 
