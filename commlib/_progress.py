@@ -22,7 +22,7 @@ from typing import Generator
 
 from .errors import CommStateError, CommTimeoutError
 
-__all__ = ["Work", "completed_work", "drive", "start"]
+__all__ = ["Work", "completed_work", "drive", "start", "unusable"]
 
 _yield = os.sched_yield if hasattr(os, "sched_yield") else (lambda: time.sleep(0))
 _clock = time.monotonic
@@ -184,6 +184,14 @@ def _seconds(timeout) -> float | None:
     return None if timeout <= 0 else timeout
 
 
+def unusable(group, what: str):
+    """Raise: ``group`` timed out earlier and its engine state is unknown."""
+    raise CommStateError(
+        f"commlib.{what}: group {group.name!r} is unusable after an earlier failure "
+        f"({group.broken}) Fix: restart the job."
+    )
+
+
 def start(gen: Generator, finish, keep, group, what: str, seq: int, async_op: bool):
     """Run an operation: block until done and return its value, or return its ``Work``.
 
@@ -193,10 +201,7 @@ def start(gen: Generator, finish, keep, group, what: str, seq: int, async_op: bo
     commlib's temporaries): engines do not keep them alive, so the operation must until it ends.
     """
     if group.broken is not None:
-        raise CommStateError(
-            f"commlib.{what}: group {group.name!r} is unusable after an earlier failure "
-            f"({group.broken}) Fix: restart the job."
-        )
+        unusable(group, what)
     if async_op:
         work = Work(gen, finish, keep, group, what, seq, group.timeout)
         if not work._done:

@@ -24,7 +24,7 @@ import torch
 from . import debug as _debug
 from ._plans import PLANS as _PLANS
 from ._plans import remember
-from ._progress import Work, completed_work, drive, start
+from ._progress import Work, completed_work, drive, start, unusable
 from ._tensors import as_tensor, overlaps, work_view
 from .algorithms import Ctx
 from .errors import CommArgumentError, CommError, CommTypeError, arg_error
@@ -162,6 +162,8 @@ def _reduce_in_place(group, algo, t, op, root, blocking):
 def _run_plan(g: Group, post) -> None:
     """Run a planned all-reduce: the engine's blocking call under the watchdog, or its
     non-blocking call through the poll loop (``COMMLIB_TIMEOUT_MODE=raise``)."""
+    if g.broken is not None:
+        unusable(g, "all_reduce")
     if not g.blocking:
         return drive(None, [post()], g, "all_reduce", g.seq, g.timeout)
     backend = g.backend
@@ -185,9 +187,8 @@ def all_reduce(tensor, op=ReduceOp.SUM, group: Group | None = None, async_op: bo
             and plan[2] is group and plan[3] is algorithm and tensor.data_ptr() == plan[4] \
             and tensor.numel() == plan[5] and tensor.is_contiguous():
         g = plan[6]  # a repeated call: see commlib/_plans.py
-        if g.broken is None:
-            g.seq += 1
-            return _run_plan(g, plan[7])
+        g.seq += 1
+        return _run_plan(g, plan[7])
     g = resolve_group(group, "all_reduce")
     try:
         t = as_tensor(tensor, "all_reduce", "tensor", writable=True)
