@@ -4,6 +4,9 @@ With p = p2 + rem (p2 the largest power of two <= p), the first 2*rem ranks pair
 rank sends its whole buffer to the odd rank above it and sits out; the odd rank reduces. The p2
 remaining ranks run the power-of-two algorithm under "new ranks", and at the end each odd rank
 sends the result back to its even partner.
+
+Pairing neighbours keeps the ranks a core rank stands for contiguous (new rank k stands for ranks
+``first_rank(k)`` to ``real_rank(k)``), which is what lets all-gather and reduce-scatter fold too.
 """
 
 from __future__ import annotations
@@ -27,6 +30,11 @@ def new_rank(rank: int, rem: int) -> int:
 
 def real_rank(new: int, rem: int) -> int:
     return new * 2 + 1 if new < rem else new + rem
+
+
+def first_rank(new: int, rem: int) -> int:
+    """The lowest rank new rank ``new`` stands for (``first_rank(p2, rem) == p``)."""
+    return new + min(new, rem)
 
 
 def fold_in(ctx, flat, rem):

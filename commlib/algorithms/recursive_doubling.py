@@ -1,8 +1,13 @@
-"""Recursive doubling all-reduce: log2(p) exchanges of the whole buffer with rank ^ 2^k.
+"""Recursive doubling: log2(p) exchanges with rank ^ 2^k.
 
-The latency optimum for small messages (log2 p steps), moving the whole buffer at each step.
-Non-power-of-two sizes fold the extra ranks in first (see ``_fold``). Both partners reduce the
-same pair of operands at each step, so every rank ends with bitwise identical results.
+all_reduce swaps the whole buffer at each step: the latency optimum for small messages. Both
+partners reduce the same pair of operands, so every rank ends with bitwise identical results.
+all_gather swaps the block gathered so far, which doubles at each step.
+
+Non-power-of-two sizes fold the extra ranks in first and out at the end (see ``_fold``), for
+all_gather too: the core rank that stands for ranks 2i and 2i+1 owns their two adjacent blocks.
+That costs two extra steps, where the Bruck variant would need none; the fold keeps one code path
+and the blocks in place (Bruck ends rotated and needs a local shift).
 """
 
 from __future__ import annotations
@@ -11,6 +16,21 @@ import torch
 
 from ..kernels import reduce_
 from . import _fold, register_algorithm
+
+
+def all_gather_steps(ctx, flat, bounds, me, rem):
+    """log2(p2) steps among the p2 core ranks (``me`` is this rank's new rank, see ``_fold``):
+    new rank k starts owning chunk k of ``flat`` (``bounds`` has p2 + 1 entries) and every core
+    rank ends owning them all. Rabenseifner's second half."""
+    p2 = len(bounds) - 1
+    width = 1
+    while width < p2:
+        partner = me ^ width
+        peer = _fold.real_rank(partner, rem)
+        mine, theirs = (me // width) * width, (partner // width) * width
+        yield [ctx.isend(flat[bounds[mine]:bounds[mine + width]], peer),
+               ctx.irecv(flat[bounds[theirs]:bounds[theirs + width]], peer)]
+        width *= 2
 
 
 @register_algorithm("recursive_doubling", "all_reduce")
@@ -27,4 +47,21 @@ def all_reduce(ctx, buf):
             yield [ctx.isend(flat, peer), ctx.irecv(tmp, peer)]
             reduce_(flat, tmp, ctx.op)  # IEEE + and * commute: both partners get the same bits
             mask <<= 1
+    yield from _fold.fold_out(ctx, flat, rem)
+
+
+@register_algorithm("recursive_doubling", "all_gather")
+def all_gather(ctx, out, inp):
+    n, r = inp.numel(), ctx.rank
+    flat, mine = out.view(-1), inp.view(-1)
+    p2, rem = _fold.shape(ctx.size)
+    me = _fold.new_rank(r, rem)
+    flat[r * n:(r + 1) * n].copy_(mine)
+    if me < 0:  # fold in: no reduction, the odd partner just places our block next to its own
+        yield [ctx.isend(mine, r + 1)]
+    elif r < 2 * rem:
+        yield [ctx.irecv(flat[(r - 1) * n:r * n], r - 1)]
+    if me >= 0:
+        bounds = [_fold.first_rank(k, rem) * n for k in range(p2 + 1)]
+        yield from all_gather_steps(ctx, flat, bounds, me, rem)
     yield from _fold.fold_out(ctx, flat, rem)
