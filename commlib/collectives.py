@@ -353,15 +353,17 @@ def _reduce_scatter(group, algo, out, inp, op, blocking):
     if inp_buf is inp_flat or inp_buf.data_ptr() == inp_flat.data_ptr():
         if overlaps(inp_flat, out_flat):
             inp_buf = inp_buf.clone()
-    out_buf = _reduce_view(out_flat, group)
-    if out_buf.dtype != out_flat.dtype or out_buf.data_ptr() != out_flat.data_ptr():
-        out_buf = torch.empty_like(out_buf)
+    upcast = inp_buf.dtype is not inp_flat.dtype and inp_flat.dtype is not torch.bool
+    if upcast:  # accumulate in a fresh float32 output, rounded once into the caller's
+        out_buf = torch.empty(out_flat.shape, dtype=inp_buf.dtype, device=out_flat.device)
+    else:
+        out_buf = out_flat.view(inp_buf.dtype)  # itself, or bool viewed as uint8
     gen = algo(_ctx(group, op, blocking), out_buf, inp_buf)
 
     def finish():
         if op is ReduceOp.AVG:
             finish_avg_(out_buf, group.size)
-        if out_buf.data_ptr() != out_flat.data_ptr():
+        if upcast:
             out_flat.copy_(out_buf)
         if copied:
             out.copy_(out_flat.view(out.shape))

@@ -6,6 +6,10 @@ precision for reductions and turned bool into uint8). Every operation is non-blo
 request handle; ``test`` and ``wait`` complete lists of handles. This one shape serves the
 blocking calls, ``async_op=True`` and the timeout loop alike.
 
+Point-to-point must not overtake: two messages from one rank to another with the same tag arrive
+in the order they were sent (MPI's rule). Algorithms rely on it, since every step of one collective
+uses the same tag.
+
 Two channels keep commlib's own traffic apart from the user's: ``isend``/``irecv`` with
 ``user=False`` (algorithm steps, tagged by collective sequence number) never match a user's
 ``commlib.send``/``recv`` on the same ranks (``user=True``).
