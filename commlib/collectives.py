@@ -27,7 +27,7 @@ from ._plans import remember
 from ._progress import Work, completed_work, drive, start, unusable
 from ._tensors import as_tensor, overlaps, work_view
 from .algorithms import Ctx
-from .errors import CommArgumentError, CommError, CommTypeError, arg_error
+from .errors import CommError, CommTypeError, arg_error
 from .group import Group, resolve_group
 from .kernels import finish_avg_
 from .ops import ReduceOp, accumulation_dtype, dtype_name, resolve_op, to_reduce_op

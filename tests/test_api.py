@@ -1,11 +1,10 @@
 """The drop-in API under mpiexec at world sizes 1 to 4, and init in every launch mode."""
 
-import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT, base_env, mpiexec_path, run_cmd
+from conftest import mpiexec_path, run_cmd
 
 CASES = ["case_collectives_every_dtype", "case_avg_and_half_precision_accumulation",
          "case_numpy_noncontiguous_and_views", "case_all_to_all_uneven",
