@@ -210,7 +210,8 @@ def all_reduce(tensor, op=ReduceOp.SUM, group: Group | None = None, async_op: bo
         if post is not None:
             remember(tensor, op, group, algorithm, g, post)
             return _run_plan(g, post)
-    return start(*_reduce_in_place(g, algo, t, rop, None, g.blocking and not async_op), g, "all_reduce", g.seq, async_op)
+    blocking = g.blocking and not async_op
+    return start(*_reduce_in_place(g, algo, t, rop, None, blocking), g, "all_reduce", g.seq, async_op)
 
 
 def reduce(tensor, dst: int | None = None, op=ReduceOp.SUM, group: Group | None = None,
