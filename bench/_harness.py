@@ -545,7 +545,8 @@ def run_compare(b: Bench, sizes: list[int], out: Callable) -> dict:
     coll, a = b.coll, b.args
     in_place = coll.compare_in_place
     out(f"# --compare: {'in-place' if in_place else 'out-of-place'} variant; same buffers, "
-        f"warm-up and iteration count for every implementation; order rotates each round; "
+        f"warm-up and iteration count for every implementation, each loop preceded by untimed "
+        f"calls of its own; order rotates (and reverses) each round; "
         f"median of {a.rounds} rounds")
     for line in COMPARE_HEAD:
         out(line)
@@ -561,8 +562,17 @@ def run_compare(b: Bench, sizes: list[int], out: Callable) -> dict:
         per_call = max(warm_up(b, fns[impl]) for impl in live)
         iters = iterations(b, per_call)
         samples: dict[str, list[float]] = {impl: [] for impl in live}
+        # Each timed loop is preceded by a few untimed calls of the same implementation: the one
+        # before it leaves caches and engine threads in its own state (measured: 16 MiB
+        # all-reduces right after gloo's ran 25% slower for 14 iterations). Rounds rotate the
+        # order and every other cycle reverses it, so each implementation follows each other.
+        settle = max(2, min(iters // 4, 50))
         for k in range(a.rounds):
-            for impl in live[k % len(live):] + live[:k % len(live)]:
+            order = live[k % len(live):] + live[:k % len(live)]
+            if (k // len(live)) % 2:
+                order.reverse()
+            for impl in order:
+                _loop(fns[impl], settle)
                 samples[impl].append(timed(b, fns[impl], iters)[0] * 1e6)
         res = {}
         for impl in IMPLS:
