@@ -38,7 +38,8 @@ def _expire(group, what: str, seq: int, limit: float):
         f"different operation, or one of them stopped. Fix: run with COMMLIB_DEBUG=1 to name the "
         f"ranks that disagree, or raise COMMLIB_TIMEOUT if the operation is just slow."
     )
-    group.broken = message
+    group.broken = (f"operation #{seq} ({what}) timed out, leaving the engine's state unknown. "
+                    f"Fix: restart the job")
     raise CommTimeoutError(message)
 
 
@@ -185,11 +186,9 @@ def _seconds(timeout) -> float | None:
 
 
 def unusable(group, what: str):
-    """Raise: ``group`` timed out earlier and its engine state is unknown."""
-    raise CommStateError(
-        f"commlib.{what}: group {group.name!r} is unusable after an earlier failure "
-        f"({group.broken}) Fix: restart the job."
-    )
+    """Raise: ``group`` cannot run operations any more (``group.broken`` says why and the fix:
+    an earlier timeout left its engine state unknown, or ``commlib.finalize()`` released it)."""
+    raise CommStateError(f"commlib.{what}: group {group.name!r} is unusable: {group.broken}.")
 
 
 def start(gen: Generator, finish, keep, group, what: str, seq: int, async_op: bool):

@@ -3,6 +3,8 @@ their memory, and checking them."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
@@ -26,7 +28,12 @@ def as_tensor(x, fn: str, arg: str, writable: bool = False) -> torch.Tensor:
                             "has negative strides, which torch cannot view without a copy",
                             "pass np.ascontiguousarray(x)", CommArgumentError)
         try:
-            t = torch.from_numpy(x)
+            if x.flags.writeable:
+                t = torch.from_numpy(x)
+            else:  # a read-only input: commlib only reads it, so torch's warning does not apply
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", UserWarning)
+                    t = torch.from_numpy(x)
         except TypeError:
             t = None
         if t is None:

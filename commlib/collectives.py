@@ -27,7 +27,7 @@ from ._plans import remember
 from ._progress import Work, completed_work, drive, start, unusable
 from ._tensors import as_tensor, overlaps, work_view
 from .algorithms import Ctx
-from .errors import CommError, CommTypeError, arg_error
+from .errors import CommArgumentError, CommError, CommTypeError, arg_error
 from .group import Group, resolve_group
 from .kernels import finish_avg_
 from .ops import ReduceOp, accumulation_dtype, dtype_name, resolve_op, to_reduce_op
@@ -313,10 +313,12 @@ def all_gather(tensor_list: list, tensor, group: Group | None = None, async_op: 
     try:
         inp = as_tensor(tensor, fn, "tensor")
         if not isinstance(tensor_list, (list, tuple)) or len(tensor_list) != g.size:
-            raise arg_error(fn, "tensor_list", tensor_list if not isinstance(tensor_list, (list, tuple))
-                            else f"<list of {len(tensor_list)}>",
+            is_list = isinstance(tensor_list, (list, tuple))
+            raise arg_error(fn, "tensor_list", f"<list of {len(tensor_list)}>" if is_list
+                            else f"<{type(tensor_list).__module__}.{type(tensor_list).__qualname__}>",
                             f"must be a list of group size ({g.size}) tensors",
-                            f"pass [torch.empty_like(tensor) for _ in range({g.size})]")
+                            f"pass [torch.empty_like(tensor) for _ in range({g.size})]",
+                            CommArgumentError if is_list else CommTypeError)
         outs = [as_tensor(o, fn, f"tensor_list[{i}]", writable=True)
                 for i, o in enumerate(tensor_list)]
         for i, o in enumerate(outs):
@@ -514,9 +516,9 @@ def _post_p2p(fn: str, what: str, tensor, peer, group, tag, group_peer, async_op
     arg = "dst" if what == "send" else "src"
     p = _peer(fn, g, arg, peer, group_peer, allow_any=(what == "recv"))
     tag = _tag(fn, tag)
-    if not async_op and p == g.rank and g.size > 1:
+    if not async_op and p == g.rank:  # at any group size: MPI does not buffer large messages
         raise arg_error(fn, arg, peer if peer is not None else group_peer,
-                        "is this rank itself; a blocking self-send never completes",
+                        f"is this rank itself; a blocking {what} to or from oneself never completes",
                         "use isend/irecv for messages to oneself, or another rank")
     return start(*_p2p(g, what, t, p, tag), g, fn, g.seq, async_op)
 

@@ -10,7 +10,7 @@ import zlib
 
 import torch
 
-from ._progress import Work
+from ._progress import Work, unusable
 from .errors import CommMismatchError
 
 __all__ = ["agree"]
@@ -19,39 +19,50 @@ _FIELDS = 2  # crc32 of the description, error flag
 _TEXT = 400  # bytes of description exchanged on a mismatch
 
 
-def _gather(group, local: torch.Tensor) -> torch.Tensor:
+def _gather(group, fn: str, local: torch.Tensor) -> torch.Tensor:
     out = torch.empty(group.size * local.numel(), dtype=local.dtype)
 
     def gen():
         yield [group.backend.all_gather(out, local)]
 
-    Work(gen(), None, (out, local), group, "debug check", group.seq, group.timeout).wait()
+    # A rank that skipped the call times this out: name the call and its number.
+    Work(gen(), None, (out, local), group, f"{fn} (debug check)", group.seq + 1,
+         group.timeout).wait()
     return out.view(group.size, -1)
 
 
 def agree(group, fn: str, description: str, error: BaseException | None = None) -> None:
     """Raise on every rank of ``group`` unless all ranks describe the same call."""
+    if group.broken is not None:  # an exchange on it would wait on a stale engine state
+        unusable(group, fn)
     if group.size == 1:
         return
     text = description if error is None else f"{fn}: failed its argument checks: {error}"
     mine = torch.tensor([zlib.crc32(text.encode()), int(error is not None)], dtype=torch.int64)
-    table = _gather(group, mine)
+    table = _gather(group, fn, mine)
     if bool((table == table[0]).all()) and not bool(table[:, 1].any()):
         return
     raw = text.encode()[:_TEXT]
     buf = torch.zeros(_TEXT, dtype=torch.uint8)
     buf[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
     texts = [bytes(row.tolist()).rstrip(b"\0").decode(errors="replace")
-             for row in _gather(group, buf)]
+             for row in _gather(group, fn, buf)]
     if error is not None:
         return  # this rank raises its own argument error; the others name it below
     failed = [r for r in range(group.size) if table[r, 1]]
-    differ = [r for r in range(group.size) if texts[r] != texts[0]]
     lines = "\n".join(f"  rank {r}: {t}" for r, t in enumerate(texts))
-    what = (f"ranks {failed} failed their argument checks" if failed
-            else f"ranks {differ} differ from rank 0")
+    if failed:
+        what = f"ranks {failed} failed their argument checks"
+    else:  # name the ranks outside the largest set of agreeing ranks (ties: rank 0's set)
+        same: dict[str, list[int]] = {}
+        for r, t in enumerate(texts):
+            same.setdefault(t, []).append(r)
+        most = max(same.values(), key=len)
+        most = most if sum(len(v) == len(most) for v in same.values()) == 1 else same[texts[0]]
+        differ = [r for r in range(group.size) if r not in most]
+        what = f"ranks {differ} differ from ranks {most}"
     raise CommMismatchError(
-        f"commlib.{fn}: ranks of group {group.name!r} disagree on operation #{group.seq}: "
+        f"commlib.{fn}: ranks of group {group.name!r} disagree on operation #{group.seq + 1}: "
         f"{what}.\n{lines}\nFix: make every rank of the group call the same collective with the "
         f"same shape, dtype, op and root."
     )

@@ -172,6 +172,9 @@ def finalize() -> None:
     if _state.world is None:
         return
     for group in reversed(_state.groups):
+        # A Group object the user still holds must raise CommStateError, not reach a freed
+        # communicator.
+        group.broken = "commlib.finalize() released it. Fix: create groups again after commlib.init()"
         if group.backend is not None:
             group.backend.close()
     if _state.excepthook is not None:

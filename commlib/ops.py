@@ -94,6 +94,8 @@ def to_reduce_op(op) -> ReduceOp | None:
         return op
     if isinstance(op, str):
         return ReduceOp.__members__.get(op.upper())
+    if isinstance(op, (int, float)):  # torch's op enum compares equal to ints: 3 would be MIN,
+        return None                   # True AVG; a number is not an operator
     name = getattr(op, "name", None)
     if name is None:  # torch.distributed.ReduceOp instances carry no name; compare by value
         try:

@@ -90,16 +90,17 @@ class SelfBackend(Backend):
     def reduce(self, buf, op, root, blocking=False):
         return _DONE
 
+    # Buffers are contiguous but of any shape (an (n, k) output, a flat input): copy elements.
     def all_gather(self, out, inp, blocking=False):
-        out.copy_(inp)
+        out.view(-1).copy_(inp.view(-1))
         return _DONE
 
     def reduce_scatter(self, out, inp, op, blocking=False):
-        out.copy_(inp)
+        out.view(-1).copy_(inp.view(-1))
         return _DONE
 
     def all_to_all(self, out, inp, out_counts, in_counts, blocking=False):
-        out.copy_(inp)
+        out.view(-1).copy_(inp.view(-1))
         return _DONE
 
     def barrier(self, blocking=False):

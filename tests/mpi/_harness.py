@@ -22,15 +22,19 @@ import torch
 torch.set_num_threads(1)
 
 
-def main(namespace: dict) -> None:
+def main(namespace: dict, *modules) -> None:
+    """Run the ``case_*`` functions of ``namespace`` and of ``modules`` (shared case files)."""
     import commlib
 
     commlib.init()
     rank = commlib.get_rank()
-    names = sys.argv[1:] or sorted(k for k in namespace if k.startswith("case_"))
+    cases = {k: v for k, v in namespace.items() if k.startswith("case_")}
+    for module in modules:
+        cases.update({k: v for k, v in vars(module).items() if k.startswith("case_")})
+    names = sys.argv[1:] or sorted(cases)
     for name in names:
         try:
-            namespace[name]()
+            cases[name]()
         except BaseException:
             sys.stderr.write(f"FAILED rank {rank} {name}:\n{traceback.format_exc()}")
             sys.stderr.flush()
