@@ -30,6 +30,12 @@ _clock = time.monotonic
 # Outstanding asynchronous works of every group, in issue order.
 _PENDING: list["Work"] = []
 
+# What operations that failed (timed out) left with the engine: their requests and buffers. The
+# engine may still complete them (a late rank joins) and write into the buffers, and freeing an
+# active collective request is erroneous in MPI (it crashed MPICH with a double free): keep both
+# alive for the life of the process. Only failures add here; the group is unusable afterwards.
+_ABANDONED: list = []
+
 
 def _expire(group, what: str, seq: int, limit: float):
     message = (
@@ -82,6 +88,9 @@ def drive(gen, handles, group, what: str, seq: int, limit: float | None, me=None
             _yield()
     except StopIteration as done:
         return done.value
+    except BaseException:
+        _ABANDONED.append((gen, handles))
+        raise
 
 
 def _one_step(handles):
@@ -109,6 +118,8 @@ class Work:
             self._finish(done.value)
 
     def _finish(self, result, failed: bool = False) -> None:
+        if failed:
+            _ABANDONED.append((self._gen, self._handles, self._keep))
         self._done, self._handles = True, None
         self._result = self._fin() if (self._fin is not None and not failed) else result
         self._keep = None
@@ -213,5 +224,9 @@ def start(gen: Generator, finish, keep, group, what: str, seq: int, async_op: bo
             handles = next(gen)
         except StopIteration as done:
             return finish() if finish is not None else done.value
-    value = drive(gen, handles, group, what, seq, group.timeout)
+    try:
+        value = drive(gen, handles, group, what, seq, group.timeout)
+    except BaseException:
+        _ABANDONED.append(keep)
+        raise
     return finish() if finish is not None else value

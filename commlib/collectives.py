@@ -24,7 +24,7 @@ import torch
 from . import debug as _debug
 from ._plans import PLANS as _PLANS
 from ._plans import remember
-from ._progress import Work, completed_work, drive, start, unusable
+from ._progress import _ABANDONED, Work, completed_work, drive, start, unusable
 from ._tensors import as_tensor, overlaps, work_view
 from .algorithms import Ctx
 from .errors import CommArgumentError, CommError, CommTypeError, arg_error
@@ -159,13 +159,19 @@ def _reduce_in_place(group, algo, t, op, root, blocking):
     return gen, finish, (t, buf)
 
 
-def _run_plan(g: Group, post) -> None:
+def _run_plan(g: Group, post, tensor) -> None:
     """Run a planned all-reduce: the engine's blocking call under the watchdog, or its
     non-blocking call through the poll loop (``COMMLIB_TIMEOUT_MODE=raise``)."""
     if g.broken is not None:
         unusable(g, "all_reduce")
     if not g.blocking:
-        return drive(None, [post()], g, "all_reduce", g.seq, g.timeout)
+        try:
+            return drive(None, [post()], g, "all_reduce", g.seq, g.timeout)
+        except BaseException:
+            # Timed out: the engine may still write into the tensor (the plan's view of its
+            # memory does not own it), so it must outlive the request.
+            _ABANDONED.append(tensor)
+            raise
     backend = g.backend
     backend.inflight = "all_reduce"  # what the watchdog sees (commlib/_watchdog.py)
     try:
@@ -188,7 +194,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group: Group | None = None, async_op: bo
             and tensor.numel() == plan[5] and tensor.is_contiguous():
         g = plan[6]  # a repeated call: see commlib/_plans.py
         g.seq += 1
-        return _run_plan(g, plan[7])
+        return _run_plan(g, plan[7], tensor)
     g = resolve_group(group, "all_reduce")
     try:
         t = as_tensor(tensor, "all_reduce", "tensor", writable=True)
@@ -209,7 +215,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group: Group | None = None, async_op: bo
         post = prepare(g.backend, t, rop, g.blocking)
         if post is not None:
             remember(tensor, op, group, algorithm, g, post)
-            return _run_plan(g, post)
+            return _run_plan(g, post, tensor)
     blocking = g.blocking and not async_op
     return start(*_reduce_in_place(g, algo, t, rop, None, blocking), g, "all_reduce", g.seq, async_op)
 

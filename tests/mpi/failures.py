@@ -1,87 +1,190 @@
-"""Ranks that disagree or stall: one scenario per run, chosen by argv[1]. Under COMMLIB_DEBUG=1 or
-COMMLIB_TIMEOUT_MODE=raise each rank catches its error, checks the message and prints
-"caught <kind> rank R"; the pytest side counts those lines, so every rank must have raised."""
+"""Ranks that disagree or stall. ``argv[1]`` picks a set of scenarios run one after another in one
+job:
 
+* ``debug`` (COMMLIB_DEBUG=1): ranks disagree on shape, dtype, op, root, the collective, or one
+  rank's own arguments fail; every rank must raise within a few seconds, naming the ranks.
+* ``timeout`` (COMMLIB_TIMEOUT_MODE=raise, COMMLIB_TIMEOUT=3): a rank skips a collective; the
+  others raise CommTimeoutError naming op, group and sequence number, then the group is unusable.
+  Each scenario runs on its own group, so the world stays usable and the skipped call is made up
+  at the end (the engine is left with nothing pending).
+* ``abort`` (default mode, COMMLIB_TIMEOUT=2): Work.wait(timeout=) still raises; then a skipped
+  blocking collective makes the watchdog end the job.
+* ``uncaught``: an exception on one rank ends the job.
+
+Each rank checks its own exception and message; rank 0 gathers what every rank caught (through
+mpi4py, not commlib) and prints one line per scenario: ``caught <scenario> <Error> ranks [..]``.
+"""
+
+import os
 import sys
 import time
 
 import torch
+from mpi4py import MPI
 
 import commlib
 
 commlib.init()
 r, n = commlib.get_rank(), commlib.get_world_size()
-scenario = sys.argv[1]
+report: list[tuple[str, str]] = []
 
 
-def expect(exc_type, *fragments):
-    class Catch:
-        def __enter__(self):
-            return self
+class expect:
+    """The block must raise ``exc_type`` with every fragment in its message, within ``limit`` s
+    (and, for timeouts, after at least ``at_least`` s)."""
 
-        def __exit__(self, kind, exc, tb):
-            assert kind is not None, f"rank {r}: {scenario} raised nothing"
-            assert issubclass(kind, exc_type), f"rank {r}: {kind.__name__}: {exc}"
-            for fragment in fragments:
-                assert fragment in str(exc), f"rank {r}: {fragment!r} not in {exc}"
-            print(f"caught {kind.__name__} rank {r}", flush=True)
-            return True
+    def __init__(self, scenario, exc_type, *fragments, limit=5.0, at_least=0.0):
+        self.scenario, self.exc_type, self.fragments = scenario, exc_type, fragments
+        self.limit, self.at_least = limit, at_least
 
-    return Catch()
+    def __enter__(self):
+        self.start = time.monotonic()
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        took = time.monotonic() - self.start
+        where = f"rank {r} {self.scenario}"
+        assert kind is not None, f"{where}: raised nothing"
+        if not issubclass(kind, self.exc_type):
+            return False  # the unexpected exception propagates and ends the job
+        for fragment in self.fragments + ("Fix:",):
+            assert fragment in str(exc), f"{where}: {fragment!r} not in {exc}"
+        assert self.at_least <= took <= self.limit, f"{where}: raised after {took:.2f} s"
+        report.append((self.scenario, kind.__name__))
+        os.write(1, f"rank {r} caught {self.scenario} {kind.__name__}\n".encode())
+        return True
 
 
-if scenario == "debug_shape":
-    with expect(commlib.CommMismatchError, "all_reduce", "differ from rank 0", "shape=(4,)",
-                "shape=(5,)"):
-        commlib.all_reduce(torch.ones(4 if r == 0 else 5))
-elif scenario == "debug_dtype_op_root":
-    with expect(commlib.CommMismatchError, "dtype=float64"):
-        commlib.all_reduce(torch.ones(3, dtype=torch.float64 if r == n - 1 else torch.float32))
-    with expect(commlib.CommMismatchError, "op=MAX"):
-        commlib.all_reduce(torch.ones(3), op="max" if r == 1 else "sum")
-    with expect(commlib.CommMismatchError, "root="):
-        commlib.broadcast(torch.ones(3), src=r % 2)
-elif scenario == "debug_collective":
-    with expect(commlib.CommMismatchError, "broadcast(", "all_reduce("):
+def summary():
+    everything = MPI.COMM_WORLD.gather(report, root=0)
+    if r == 0:
+        caught: dict[tuple[str, str], list[int]] = {}
+        for rank, items in enumerate(everything):
+            for scenario, kind in items:
+                caught.setdefault((scenario, kind), []).append(rank)
+        lines = [f"caught {s} {k} ranks {ranks}" for (s, k), ranks in sorted(caught.items())]
+        print("\n".join(lines), flush=True)
+
+
+def others(*ranks):
+    return [k for k in range(n) if k not in ranks]
+
+
+def debug_scenarios():
+    Mismatch = commlib.CommMismatchError
+    last, rest = n - 1, others(n - 1)
+    names = f"ranks [{last}] differ from ranks {rest}"
+    with expect("shape", Mismatch, "commlib.all_reduce", names, "shape=(4,)", "shape=(5,)",
+                "operation #1", "'world'"):
+        commlib.all_reduce(torch.ones(5 if r == last else 4))
+    with expect("dtype", Mismatch, names, "dtype=float64", "dtype=float32", "operation #1"):
+        commlib.all_reduce(torch.ones(3, dtype=torch.float64 if r == last else torch.float32))
+    with expect("op", Mismatch, names, "op=MAX", "op=SUM"):
+        commlib.all_reduce(torch.ones(3), op="max" if r == last else "sum")
+    with expect("root", Mismatch, "commlib.broadcast", names, "root=0", f"root={last}"):
+        commlib.broadcast(torch.ones(3), src=last if r == last else 0)
+    with expect("reduce_root", Mismatch, "commlib.reduce", names, "root=0", f"root={last}"):
+        commlib.reduce(torch.ones(3), dst=last if r == last else 0)
+    # rank 0 calls all_reduce, the others broadcast: rank 0 is the odd one out (at 2 ranks,
+    # a tie, rank 1 is named against rank 0)
+    odd = f"ranks [1] differ from ranks [0]" if n == 2 else f"ranks [0] differ from ranks {others(0)}"
+    with expect("collective", Mismatch, odd, "all_reduce(", "broadcast("):
         if r == 0:
-            commlib.broadcast(torch.ones(2), src=0)
+            commlib.all_reduce(torch.ones(2))
         else:
-            commlib.all_reduce(torch.ones(2))
-elif scenario == "debug_local_error":
-    if r == 1:  # this rank's own arguments are bad: it raises its own error...
-        with expect(commlib.CommArgumentError, "AVG is defined on floating dtypes"):
+            commlib.broadcast(torch.ones(2), src=0)
+    with expect("barrier_vs_gather", Mismatch, "barrier(", "all_gather_into_tensor("):
+        if r == last:
+            commlib.barrier()
+        else:
+            commlib.all_gather_into_tensor(torch.empty(n), torch.ones(1))
+    with expect("reduce_scatter_op", Mismatch, names, "op=MIN", "op=SUM"):
+        commlib.reduce_scatter_tensor(torch.empty(2), torch.ones(2 * n), op="min" if r == last else "sum")
+    if r == last:  # this rank's own arguments are bad: it raises its own error...
+        with expect("local_error", commlib.CommArgumentError, "AVG is defined on floating dtypes"):
             commlib.all_reduce(torch.ones(2, dtype=torch.int32), op="avg")
-    else:  # ...and the others learn of it instead of waiting
-        with expect(commlib.CommMismatchError, "ranks [1] failed their argument checks"):
+    else:  # ...and the others learn of it instead of waiting, with its message
+        with expect("local_error", Mismatch, f"ranks [{last}] failed their argument checks",
+                    "AVG is defined on floating dtypes"):
             commlib.all_reduce(torch.ones(2, dtype=torch.int32))
-elif scenario == "timeout_raise":  # rank 0 skips a collective
-    if r != 0:
-        t0 = time.monotonic()
-        with expect(commlib.CommTimeoutError, "all_reduce", "operation #1", "'world'",
-                    "did not complete within 2 s"):
-            commlib.all_reduce(torch.ones(2))
-        assert time.monotonic() - t0 < 10
-        with expect(commlib.CommStateError, "unusable after an earlier failure"):
-            commlib.all_reduce(torch.ones(2))
+    if r == last:
+        with expect("local_error_gather", commlib.CommArgumentError, "'output_tensor'", "group size"):
+            commlib.all_gather_into_tensor(torch.empty(n + 1), torch.ones(1))
     else:
-        print(f"caught skipped rank {r}", flush=True)
-    time.sleep(0.5)
-elif scenario == "work_wait_timeout":
-    w = commlib.all_reduce(torch.ones(2), async_op=True, algorithm="ring") if r else None
-    if r:
-        with expect(commlib.CommTimeoutError, "operation #1", "within 1 s"):
+        with expect("local_error_gather", Mismatch, f"ranks [{last}] failed"):
+            commlib.all_gather_into_tensor(torch.empty(n), torch.ones(1))
+    # after all that, the world is still in step and usable
+    t = torch.ones(3)
+    commlib.all_reduce(t)
+    assert torch.equal(t, torch.full((3,), float(n))), t
+
+
+def timeout_scenarios():
+    Timeout, State = commlib.CommTimeoutError, commlib.CommStateError
+    assert commlib.get_world_group().timeout == 3.0  # from COMMLIB_TIMEOUT
+    g1 = commlib.new_group()  # inherits the world's 3 s
+    g2 = commlib.new_group(timeout=2)  # the argument wins over the environment
+    g3 = commlib.new_group(timeout=30)
+    assert (g1.timeout, g2.timeout, g3.timeout) == (3.0, 2.0, 30.0)
+    # A: rank 0 skips a blocking all_reduce
+    if r != 0:
+        with expect("blocking", Timeout, "commlib.all_reduce", "operation #1", f"group {g1.name!r}",
+                    "within 3 s", "COMMLIB_DEBUG=1", limit=12, at_least=2.9):
+            commlib.all_reduce(torch.ones(2), group=g1)
+        with expect("unusable", State, "commlib.all_reduce", f"group {g1.name!r} is unusable",
+                    "operation #1 (all_reduce) timed out", "restart", limit=1):
+            commlib.all_reduce(torch.ones(2), group=g1)
+        with expect("unusable_other_op", State, "commlib.broadcast", "is unusable", limit=1):
+            commlib.broadcast(torch.ones(2), group=g1, group_src=0)
+    # B: the root of a broadcast skips it, on a group with its own timeout
+    if r != n - 1:
+        with expect("broadcast", Timeout, "commlib.broadcast", "operation #1", f"group {g2.name!r}",
+                    "within 2 s", limit=10, at_least=1.9):
+            commlib.broadcast(torch.ones(2), group=g2, group_src=n - 1)
+    # C: Work.wait(timeout=...) on an async operation rank 0 never joins
+    if r != 0:
+        w = commlib.all_reduce(torch.ones(1000), group=g3, async_op=True)
+        assert not w.is_completed()
+        with expect("work_wait", Timeout, "commlib.all_reduce", "operation #1", f"group {g3.name!r}",
+                    "within 1 s", limit=8, at_least=0.9):
             w.wait(timeout=1)
-    else:
-        print(f"caught skipped rank {r}", flush=True)
-    time.sleep(0.5)
-elif scenario == "timeout_abort":  # the watchdog ends the job
-    if r != 0:
+        with expect("work_unusable", State, f"group {g3.name!r} is unusable", limit=1):
+            commlib.all_reduce(torch.ones(2), group=g3)
+    MPI.COMM_WORLD.Barrier()  # rank 0 waits longer than the world's timeout here
+    # Make up the skipped calls so that no engine operation is left pending at exit.
+    if r == 0:
+        commlib.all_reduce(torch.ones(2), group=g1)
+        commlib.all_reduce(torch.ones(1000), group=g3)
+    if r == n - 1:
+        commlib.broadcast(torch.ones(2), group=g2, group_src=n - 1)
+    t = torch.ones(2)
+    commlib.all_reduce(t)  # the world was never affected
+    assert torch.equal(t, torch.full((2,), float(n)))
+
+
+def abort_scenario():
+    g = commlib.new_group()
+    if r != 0:  # Work.wait(timeout=) raises in abort mode as well
+        w = commlib.all_reduce(torch.ones(10), group=g, async_op=True)
+        with expect("work_wait", commlib.CommTimeoutError, "operation #1", "within 1 s", limit=8):
+            w.wait(timeout=1)
+    commlib.barrier()
+    os.write(1, f"rank {r} before the skipped all_reduce\n".encode())
+    if r != 0:  # rank 0 skips: the watchdog ends the job
         commlib.all_reduce(torch.ones(2))
     time.sleep(60)
-elif scenario == "uncaught":
+    raise SystemExit("the job was not ended")
+
+
+def uncaught_scenario():
     if r == n - 1:
         raise RuntimeError(f"boom on rank {r}")
     commlib.all_reduce(torch.ones(2))  # the others would wait here forever
     time.sleep(60)
-else:
-    raise SystemExit(f"unknown scenario {scenario}")
+    raise SystemExit("the job was not ended")
+
+
+if __name__ == "__main__":
+    {"debug": debug_scenarios, "timeout": timeout_scenarios, "abort": abort_scenario,
+     "uncaught": uncaught_scenario}[sys.argv[1]]()
+    summary()
