@@ -77,6 +77,9 @@ def drive(gen, handles, group, what: str, seq: int, limit: float | None, me=None
             if polls & 3:
                 continue  # poll again at once: a handoff between ranks takes under a microsecond
             if polls & 63 == 0 and limit is not None:
+                if getattr(backend, "local_only", False):
+                    backend.wait(handles)  # nothing else can complete it: raises, saying why
+                    continue
                 now = _clock()
                 if deadline is None:
                     deadline = now + limit

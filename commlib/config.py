@@ -52,6 +52,20 @@ def _parse_optional_str(text: str) -> str | None:
     return text or None
 
 
+def _parse_algo(text: str) -> str | None:
+    name = _parse_optional_str(text)
+    if name is None:
+        return None
+    from .algorithms import COLLECTIVES, algorithm_names  # lazy: algorithms import this module
+
+    known = sorted({a for c in COLLECTIVES for a in algorithm_names(c)})
+    if name not in known:  # a typo must not silently fall back to the automatic choice
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"no algorithm is named {name!r}{hint}; known: {known}")
+    return name
+
+
 def _parse_tristate(text: str) -> bool | None:
     low = text.strip().lower()
     return None if low in ("", "auto") else _parse_bool(low)
@@ -76,7 +90,7 @@ OPTIONS: dict[str, Option] = {
                "Backend of the world group: `mpi`, `torch`, `nccl` or `self`. Default: detected "
                "(torch.distributed already initialized -> `torch`; launched by mpirun/mpiexec -> "
                "`mpi`; launched by torchrun -> `torch`; otherwise one process, `self`)."),
-        Option("algo", None, _parse_optional_str,
+        Option("algo", None, _parse_algo,
                "Force one algorithm for every collective that has it (`native`, `ring`, "
                "`recursive_doubling`, `rabenseifner`, `binomial`); collectives without it keep "
                "the automatic choice. The `algorithm=` keyword of a call wins over it."),

@@ -145,3 +145,77 @@ def test_self_messages_and_world_of_one():
     t = torch.arange(4.0)
     commlib.all_reduce(t, op=ReduceOp.AVG)
     assert torch.equal(t, torch.arange(4.0))
+
+
+def test_numbers_are_not_ops():
+    # torch's op enum compares equal to ints (3 == MIN): a number must not pass as an operator
+    for bad in (0, 3, True, 1.0):
+        with raises(commlib.CommTypeError, "'op'", "is not a reduction operator"):
+            commlib.all_reduce(torch.ones(2), op=bad)
+    t = torch.ones(2)
+    commlib.all_reduce(t, op="max")  # names are fine
+    commlib.all_reduce(t, op=torch.distributed.ReduceOp.RedOpType.MIN)
+    assert torch.equal(t, torch.ones(2))
+
+
+def test_blocking_message_to_oneself_is_refused_at_world_size_one():
+    with raises(commlib.CommArgumentError, "commlib.send()", "'dst'", "is this rank itself", "isend/irecv"):
+        commlib.send(torch.ones(2), dst=0)
+    with raises(commlib.CommArgumentError, "commlib.recv()", "'src'", "is this rank itself"):
+        commlib.recv(torch.ones(2), src=0)
+
+
+def test_receive_without_a_send_in_a_world_of_one():
+    work = commlib.irecv(torch.empty(2), src=0, tag=11)
+    assert not work.is_completed()
+    with raises(commlib.CommStateError, "no matching send", "isend"):
+        work.wait()
+
+
+def test_any_shape_buffers_on_self_backend():
+    out = torch.zeros(3, 1)
+    commlib.all_gather_into_tensor(out, torch.arange(3.0))
+    assert torch.equal(out.view(-1), torch.arange(3.0))
+    out = torch.zeros(2, 2)
+    commlib.reduce_scatter_tensor(out, torch.arange(4.0))
+    assert torch.equal(out, torch.arange(4.0).view(2, 2))
+    out = torch.zeros(2, 2)
+    commlib.all_to_all_single(out, torch.arange(4.0).view(2, 2).t())
+    assert torch.equal(out, torch.arange(4.0).view(2, 2).t())
+
+
+def test_groups_and_meshes_arguments():
+    with raises(commlib.CommArgumentError, "new_group", "'ranks'", "ranks [1] are outside the world (size 1)"):
+        commlib.new_group([0, 1])
+    with raises(commlib.CommArgumentError, "new_group", "'ranks'", "no repeated rank"):
+        commlib.new_group([0, 0])
+    with raises(commlib.CommArgumentError, "new_group", "'ranks'", "non-empty"):
+        commlib.new_group([])
+    with raises(commlib.CommArgumentError, "new_group", "'ranks'", "sequence of world ranks"):
+        commlib.new_group(["a"])
+    with raises(commlib.CommArgumentError, "Mesh", "'shape'", "positive integers"):
+        commlib.Mesh((0, 1))
+    with raises(commlib.CommArgumentError, "Mesh", "'dim_names'", "2 distinct names"):
+        commlib.Mesh((1, 1), ("a", "a"))
+    mesh = commlib.Mesh((1, 1))
+    with raises(commlib.CommArgumentError, "Mesh.group", "'dim'", "must index a dimension of (1, 1)"):
+        mesh.group(2)
+
+
+def test_init_arguments():
+    with raises(commlib.CommStateError, "already initialized with backend 'self'", "finalize"):
+        commlib.init(backend="mpi")
+    commlib.finalize()
+    try:
+        with raises(commlib.CommStateError, "not initialized", "commlib.init()"):
+            commlib.get_world_group()
+        with raises(commlib.CommArgumentError, "commlib.init()", "'timeout'", ">= 0"):
+            commlib.init(backend="self", timeout=-1)
+        with raises(commlib.CommArgumentError, "commlib.init()", "'timeout'"):
+            commlib.init(backend="self", timeout="soon")
+        with raises(commlib.CommArgumentError, "commlib.init()", "'timeout_mode'", "'abort' or 'raise'"):
+            commlib.init(backend="self", timeout_mode="explode")
+        with raises(commlib.CommBackendError, "commlib.init()", "'backend'", "'ucx'", "'mpi'", "'self'"):
+            commlib.init(backend="ucx")
+    finally:
+        commlib.init(backend="self")
