@@ -51,7 +51,10 @@ def _fail(group: Group, fn: str, exc: CommError) -> None:
         _debug.agree(group, fn, "", error=exc)
 
 
-def _agree(group: Group, fn: str, **fields) -> None:
+def _agree(group: Group, fn: str, algo, **fields) -> None:
+    # The algorithm is part of the call: ranks running different ones (algorithm=, COMMLIB_ALGO)
+    # would exchange mismatched messages.
+    fields["algorithm"] = algo.__module__.rsplit(".", 1)[-1]
     text = ", ".join(f"{k}={v}" for k, v in fields.items())
     _debug.agree(group, fn, f"{fn}({text})")
 
@@ -204,7 +207,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group: Group | None = None, async_op: bo
         _fail(g, "all_reduce", exc)
         raise
     if g.debug:
-        _agree(g, "all_reduce", shape=tuple(t.shape), dtype=dtype_name(t.dtype), op=rop.name)
+        _agree(g, "all_reduce", algo, shape=tuple(t.shape), dtype=dtype_name(t.dtype), op=rop.name)
     g.seq += 1
     if t.numel() == 0:
         return completed_work() if async_op else None
@@ -234,7 +237,7 @@ def reduce(tensor, dst: int | None = None, op=ReduceOp.SUM, group: Group | None 
         _fail(g, "reduce", exc)
         raise
     if g.debug:
-        _agree(g, "reduce", shape=tuple(t.shape), dtype=dtype_name(t.dtype), op=rop.name,
+        _agree(g, "reduce", algo, shape=tuple(t.shape), dtype=dtype_name(t.dtype), op=rop.name,
                root=root)
     g.seq += 1
     if t.numel() == 0:
@@ -263,7 +266,7 @@ def broadcast(tensor, src: int | None = None, group: Group | None = None, async_
         _fail(g, "broadcast", exc)
         raise
     if g.debug:
-        _agree(g, "broadcast", shape=tuple(t.shape), dtype=dtype_name(t.dtype), root=root)
+        _agree(g, "broadcast", algo, shape=tuple(t.shape), dtype=dtype_name(t.dtype), root=root)
     g.seq += 1
     if t.numel() == 0:
         return completed_work() if async_op else None
@@ -300,7 +303,7 @@ def all_gather_into_tensor(output_tensor, input_tensor, group: Group | None = No
         _fail(g, fn, exc)
         raise
     if g.debug:
-        _agree(g, fn, shape=tuple(inp.shape), dtype=dtype_name(inp.dtype))
+        _agree(g, fn, algo, shape=tuple(inp.shape), dtype=dtype_name(inp.dtype))
     g.seq += 1
     if out.numel() == 0:
         return completed_work() if async_op else None
@@ -338,7 +341,7 @@ def all_gather(tensor_list: list, tensor, group: Group | None = None, async_op: 
         _fail(g, fn, exc)
         raise
     if g.debug:
-        _agree(g, fn, shape=tuple(inp.shape), dtype=dtype_name(inp.dtype))
+        _agree(g, fn, algo, shape=tuple(inp.shape), dtype=dtype_name(inp.dtype))
     g.seq += 1
     if inp.numel() == 0:
         return completed_work() if async_op else None
@@ -401,7 +404,7 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group: Group | None = 
         _fail(g, fn, exc)
         raise
     if g.debug:
-        _agree(g, fn, shape=tuple(out.shape), dtype=dtype_name(out.dtype), op=rop.name)
+        _agree(g, fn, algo, shape=tuple(out.shape), dtype=dtype_name(out.dtype), op=rop.name)
     g.seq += 1
     if out.numel() == 0:
         return completed_work() if async_op else None
@@ -463,7 +466,7 @@ def all_to_all_single(output, input, output_split_sizes: Sequence[int] | None = 
         _fail(g, fn, exc)
         raise
     if g.debug:
-        _agree(g, fn, dtype=dtype_name(inp.dtype), row_shape=tuple(inp.shape[1:]))
+        _agree(g, fn, algo, dtype=dtype_name(inp.dtype), row_shape=tuple(inp.shape[1:]))
     g.seq += 1
     row = math.prod(inp.shape[1:])
     in_counts = [s * row for s in in_splits]
@@ -476,10 +479,10 @@ def all_to_all_single(output, input, output_split_sizes: Sequence[int] | None = 
 def barrier(group: Group | None = None, async_op: bool = False, device_ids=None):
     """Block until every rank of the group has entered the barrier."""
     g = resolve_group(group, "barrier")
-    if g.debug:
-        _agree(g, "barrier")
-    g.seq += 1
     algo = select("barrier", 0, g, None, "barrier")
+    if g.debug:
+        _agree(g, "barrier", algo)
+    g.seq += 1
     ctx = _ctx(g, None, g.blocking and not async_op)
     return start(algo(ctx), None, None, g, "barrier", g.seq, async_op)
 

@@ -14,7 +14,7 @@ def caught(proc) -> dict[tuple[str, str], list[int]]:
 
 
 DEBUG_SCENARIOS = ["shape", "dtype", "op", "root", "reduce_root", "collective", "barrier_vs_gather",
-                   "reduce_scatter_op"]
+                   "algorithm", "reduce_scatter_op"]
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])

@@ -98,6 +98,8 @@ def debug_scenarios():
             commlib.barrier()
         else:
             commlib.all_gather_into_tensor(torch.empty(n), torch.ones(1))
+    with expect("algorithm", Mismatch, names, "algorithm=ring", "algorithm=native"):
+        commlib.all_reduce(torch.ones(8), algorithm="ring" if r == last else "native")
     with expect("reduce_scatter_op", Mismatch, names, "op=MIN", "op=SUM"):
         commlib.reduce_scatter_tensor(torch.empty(2), torch.ones(2 * n), op="min" if r == last else "sum")
     if r == last:  # this rank's own arguments are bad: it raises its own error...
