@@ -27,6 +27,10 @@ def as_tensor(x, fn: str, arg: str, writable: bool = False) -> torch.Tensor:
             raise arg_error(fn, arg, f"<ndarray strides={x.strides}>",
                             "has negative strides, which torch cannot view without a copy",
                             "pass np.ascontiguousarray(x)", CommArgumentError)
+        if not x.dtype.isnative:
+            raise arg_error(fn, arg, f"<ndarray dtype={x.dtype.str}>",
+                            "is not in this machine's byte order",
+                            "convert it with x.astype(x.dtype.newbyteorder('='))", CommTypeError)
         try:
             if x.flags.writeable:
                 t = torch.from_numpy(x)
@@ -53,15 +57,24 @@ def as_tensor(x, fn: str, arg: str, writable: bool = False) -> torch.Tensor:
     if t.dtype not in DTYPES:
         raise arg_error(fn, arg, f"<tensor dtype={t.dtype}>", "has an unsupported dtype",
                         f"use one of {sorted(n for n, _ in DTYPES.values())}", CommTypeError)
+    if t.requires_grad:  # communication is not recorded by autograd (as in torch.distributed):
+        t = t.detach()   # the engine works on the same memory, without the autograd wrapper
     return t
 
 
-def work_view(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
+def work_view(t: torch.Tensor, fn: str | None = None, arg: str = "tensor") -> tuple[torch.Tensor, bool]:
     """A contiguous tensor holding ``t``'s data, and whether it is a copy (non-contiguous input:
     the result must be copied back with ``t.copy_(buf)``). Its shape is ``t``'s: algorithms that
-    slice it flatten it themselves (``buf.view(-1)``), so the native path pays for no view."""
+    slice it flatten it themselves (``buf.view(-1)``), so the native path pays for no view.
+
+    ``fn`` given: ``t`` receives a result, and one whose elements share memory (an ``expand()``ed
+    view) is refused here, before anything is posted, rather than failing in the copy-back."""
     if t.is_contiguous():
         return t, False
+    if fn is not None and any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)):
+        raise arg_error(fn, arg, f"<tensor shape={tuple(t.shape)} stride={t.stride()}>",
+                        "receives the result but several of its elements share memory "
+                        "(a stride of 0, as expand() makes)", "pass a tensor with its own memory, e.g. x.clone()")
     return t.contiguous(), True
 
 

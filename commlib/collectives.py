@@ -144,7 +144,7 @@ def _reduce_in_place(group, algo, t, op, root, blocking):
     if op is not ReduceOp.AVG and t.dtype in group.backend.native_reduce_dtypes \
             and t.is_contiguous():  # the common case: the engine works on t itself
         return (algo(ctx, t) if root is None else algo(ctx, t, root)), None, t
-    flat, copied = work_view(t)
+    flat, copied = work_view(t, "all_reduce" if root is None else "reduce")
     buf = _reduce_view(flat, group)
     gen = algo(ctx, buf) if root is None else algo(ctx, buf, root)
     upcast = buf.dtype is not flat.dtype and flat.dtype is not torch.bool
@@ -247,7 +247,7 @@ def reduce(tensor, dst: int | None = None, op=ReduceOp.SUM, group: Group | None 
 
 # ----- broadcast ---------------------------------------------------------------------------
 def _broadcast(group, algo, t, root, blocking):
-    flat, copied = work_view(t)
+    flat, copied = work_view(t, "broadcast")
     gen = algo(_ctx(group, None, blocking), flat, root)
     if copied and group.rank != root:
         return gen, (lambda: t.copy_(flat)), (t, flat)
@@ -307,7 +307,7 @@ def all_gather_into_tensor(output_tensor, input_tensor, group: Group | None = No
     g.seq += 1
     if out.numel() == 0:
         return completed_work() if async_op else None
-    out_buf, copied = work_view(out)
+    out_buf, copied = work_view(out, fn, "output_tensor")
     inp_flat = _prepare_gather_input(inp, out)
     gen = algo(_ctx(g, None, g.blocking and not async_op), out_buf, inp_flat)
     finish = (lambda: out.copy_(out_buf)) if copied else None
@@ -359,7 +359,7 @@ def all_gather(tensor_list: list, tensor, group: Group | None = None, async_op: 
 
 # ----- reduce-scatter ----------------------------------------------------------------------
 def _reduce_scatter(group, algo, out, inp, op, blocking):
-    out_flat, copied = work_view(out)
+    out_flat, copied = work_view(out, "reduce_scatter_tensor", "output")
     inp_flat = inp.reshape(-1) if inp.is_contiguous() else inp.contiguous().view(-1)
     inp_buf = _reduce_view(inp_flat, group)
     if inp_buf is inp_flat or inp_buf.data_ptr() == inp_flat.data_ptr():
@@ -435,7 +435,7 @@ def _splits(fn: str, arg: str, splits, t: torch.Tensor, size: int) -> list[int]:
 
 
 def _all_to_all(group, algo, out, inp, out_counts, in_counts, blocking):
-    out_flat, copied = work_view(out)
+    out_flat, copied = work_view(out, "all_to_all_single", "output")
     inp_flat = inp.reshape(-1) if inp.is_contiguous() else inp.contiguous().view(-1)
     if overlaps(inp_flat, out_flat):
         inp_flat = inp_flat.clone()
@@ -505,7 +505,7 @@ def _tag(fn: str, tag) -> int:
 
 
 def _p2p(group, what, t, peer, tag):
-    flat, copied = work_view(t)
+    flat, copied = work_view(t, None if what == "send" else "recv")
     if what == "send":
         return [group.backend.isend(flat, peer, tag, user=True)], None, (t, flat)
     handle = group.backend.irecv(flat, peer, tag, user=True)

@@ -345,6 +345,24 @@ def case_non_contiguous_written_back():
     assert not out_base[:, 1::2].any()
 
 
+def case_autograd_tensors_and_fortran_arrays():
+    r, n = world()
+    leaf = torch.full((3,), float(r + 1), requires_grad=True)  # e.g. a parameter
+    commlib.all_reduce(leaf)  # as torch.distributed: on the data, not recorded by autograd
+    assert leaf.requires_grad and torch.equal(leaf.detach(), torch.full((3,), n * (n + 1) / 2))
+    commlib.all_reduce(leaf, op=MAX)  # again (no plan is made for it)
+    assert torch.equal(leaf.detach(), torch.full((3,), n * (n + 1) / 2))
+    param = torch.full((4,), float(r), requires_grad=True)
+    commlib.broadcast(param, src=n - 1)
+    assert torch.equal(param.detach(), torch.full((4,), float(n - 1)))
+    out = torch.zeros(n, 4)
+    commlib.all_gather_into_tensor(out, param * 2)  # a non-leaf input
+    assert torch.equal(out, torch.full((n, 4), 2.0 * (n - 1)))
+    f = np.asfortranarray(np.arange(6, dtype=np.float32).reshape(2, 3) * (r + 1))
+    commlib.all_reduce(f)
+    assert f.flags.f_contiguous and (f == np.arange(6).reshape(2, 3) * n * (n + 1) / 2).all(), f
+
+
 def case_in_place_all_gather_and_reduce_scatter():
     r, n = world()
     xs = [make(k, 3, torch.float32, salt=11) for k in range(n)]

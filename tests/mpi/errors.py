@@ -148,6 +148,17 @@ def case_errors_types_roots_and_buffers():
         commlib.irecv(ro, src=0)
     with raises(ArgErr, "all_reduce()", "negative strides", "np.ascontiguousarray"):
         commlib.all_reduce(np.ones(4)[::-1])
+    with raises(TypeErr, "all_reduce()", "'tensor'", ">f4", "byte order", "newbyteorder"):
+        commlib.all_reduce(np.ones(3, dtype=">f4"))
+    # outputs whose elements share memory (expand) are refused before anything is posted
+    with raises(ArgErr, "commlib.all_reduce()", "'tensor'", "stride=(0,)", "share memory", "clone()"):
+        commlib.all_reduce(torch.ones(1).expand(4))
+    with raises(ArgErr, "commlib.broadcast()", "'tensor'", "share memory"):
+        commlib.broadcast(torch.zeros(2, 1).expand(2, 3), src=0)
+    with raises(ArgErr, "commlib.all_gather_into_tensor()", "'output_tensor'", "share memory"):
+        commlib.all_gather_into_tensor(torch.zeros(1).expand(2 * n), torch.ones(2))
+    with raises(ArgErr, "commlib.reduce_scatter_tensor()", "'output'", "share memory"):
+        commlib.reduce_scatter_tensor(torch.zeros(1).expand(2), torch.ones(2 * n))
     with raises(ArgErr, "commlib.all_reduce()", "'algorithm'", "'ringg'", "no such algorithm",
                 "'native'", "'ring'", "'rabenseifner'"):
         commlib.all_reduce(torch.ones(2), algorithm="ringg")
