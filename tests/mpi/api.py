@@ -433,7 +433,7 @@ def case_async_outstanding_waited_in_reverse():
     add(commlib.barrier(async_op=True), lambda: None)
     empty = commlib.all_reduce(torch.zeros(0), async_op=True)
     assert empty.is_completed() and empty.wait() is True
-    for w, fn in zip(reversed(works), reversed(checks)):
+    for w in reversed(works):
         assert w.wait() is True
         assert w.is_completed()
         assert w.wait(timeout=1) is True  # waiting again is a no-op
@@ -672,7 +672,7 @@ def case_repeated_calls():
     commlib.all_reduce(t)
     check(t, torch.full((7,), n * (n + 1) / 2), "repeated after set_")
     u = torch.zeros(4, 2)[:, 0]
-    for k in range(2):
+    for _ in range(2):
         u.fill_(1.0)
         commlib.all_reduce(u)
         check(u, torch.full((4,), float(n)), "repeated strided")

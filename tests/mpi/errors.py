@@ -32,7 +32,7 @@ ArgErr, TypeErr = commlib.CommArgumentError, commlib.CommTypeError
 
 
 def case_errors_sizes_and_splits():
-    r, n = commlib.get_rank(), commlib.get_world_size()
+    n = commlib.get_world_size()
     with raises(ArgErr, "commlib.all_gather()", "'tensor_list'", "<list of", f"group size ({n})",
                 "torch.empty_like"):
         commlib.all_gather([torch.empty(2) for _ in range(n + 1)], torch.ones(2))

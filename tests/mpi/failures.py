@@ -87,7 +87,7 @@ def debug_scenarios():
         commlib.reduce(torch.ones(3), dst=last if r == last else 0)
     # rank 0 calls all_reduce, the others broadcast: rank 0 is the odd one out (at 2 ranks,
     # a tie, rank 1 is named against rank 0)
-    odd = f"ranks [1] differ from ranks [0]" if n == 2 else f"ranks [0] differ from ranks {others(0)}"
+    odd = "ranks [1] differ from ranks [0]" if n == 2 else f"ranks [0] differ from ranks {others(0)}"
     with expect("collective", Mismatch, odd, "all_reduce(", "broadcast("):
         if r == 0:
             commlib.all_reduce(torch.ones(2))
