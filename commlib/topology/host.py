@@ -1,0 +1,38 @@
+"""Which host a process runs on: the key that tells ranks sharing memory from ranks on other hosts.
+
+Like NCCL's host hash (hostname plus the kernel's boot id, so that two containers with the same
+hostname on different machines differ), with a test-only override: ``COMMLIB_TEST_HOST=<name>``
+places this process on a virtual host ``<name>``, so that one machine's ranks can be split into
+several "hosts" to test hierarchical and multi-host code (ranks with different values never share a
+shared-memory segment; ranks with the same value must really share the machine).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+
+__all__ = ["host_id", "host_hash"]
+
+_BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def host_id() -> str:
+    """A string naming this host: ``<hostname>:<boot id>``, or ``test:<name>`` under
+    ``COMMLIB_TEST_HOST``."""
+    override = os.environ.get("COMMLIB_TEST_HOST")
+    if override:
+        return f"test:{override}"
+    try:
+        with open(_BOOT_ID) as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}:{boot}"
+
+
+def host_hash() -> int:
+    """:func:`host_id` as a non-negative 63-bit integer (cheap to all-gather)."""
+    digest = hashlib.blake2b(host_id().encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
