@@ -135,12 +135,29 @@ def _reduce_view(flat: torch.Tensor, group: Group) -> torch.Tensor:
     return flat if acc is dtype else flat.to(acc)
 
 
+def _natively(algo, group: Group, t: torch.Tensor) -> bool:
+    """The algorithm reduces ``t``'s dtype and AVG itself on this group (``reduces_natively``,
+    e.g. the shared-memory ones), so the API layer neither upcasts nor divides."""
+    natively = getattr(algo, "reduces_natively", None)
+    return natively is not None and natively(group.backend, t)
+
+
 # ----- reductions in place: all_reduce, reduce ---------------------------------------------
 # Each executor below prepares the buffers, creates the algorithm's generator and returns it with
 # a ``finish`` callable (or None when there is nothing left to do: the common, latency-bound case)
 # that runs after the last step: AVG division, copy back from an upcast or contiguous copy.
+def _as_reducible(flat: torch.Tensor) -> torch.Tensor:
+    return flat.view(torch.uint8) if flat.dtype is torch.bool else flat
+
+
 def _reduce_in_place(group, algo, t, op, root, blocking):
     ctx = _ctx(group, op, blocking)
+    if root is None and _natively(algo, group, t):
+        # The algorithm reduces every dtype itself (float32 accumulation of half precision, AVG
+        # divided before the one rounding): no upcast copy, no division here.
+        flat, copied = work_view(t, "all_reduce")
+        gen = algo(ctx, _as_reducible(flat))
+        return gen, ((lambda: t.copy_(flat)) if copied else None), (t, flat)
     if op is not ReduceOp.AVG and t.dtype in group.backend.native_reduce_dtypes \
             and t.is_contiguous():  # the common case: the engine works on t itself
         return (algo(ctx, t) if root is None else algo(ctx, t, root)), None, t
@@ -213,8 +230,9 @@ def all_reduce(tensor, op=ReduceOp.SUM, group: Group | None = None, async_op: bo
         return completed_work() if async_op else None
     prepare = getattr(algo, "prepare", None)
     if prepare is not None and not async_op and not g.debug and t is tensor \
-            and rop is not ReduceOp.AVG and t.dtype in g.backend.native_reduce_dtypes \
-            and t.is_contiguous():
+            and rop is not ReduceOp.AVG and t.is_contiguous() \
+            and (t.dtype in g.backend.native_reduce_dtypes
+                 or (t.dtype is not torch.bool and _natively(algo, g, t))):
         post = prepare(g.backend, t, rop, g.blocking)
         if post is not None:
             remember(tensor, op, group, algorithm, g, post)
@@ -361,6 +379,12 @@ def all_gather(tensor_list: list, tensor, group: Group | None = None, async_op: 
 def _reduce_scatter(group, algo, out, inp, op, blocking):
     out_flat, copied = work_view(out, "reduce_scatter_tensor", "output")
     inp_flat = inp.reshape(-1) if inp.is_contiguous() else inp.contiguous().view(-1)
+    if _natively(algo, group, out):  # reduces every dtype itself, AVG included
+        if overlaps(inp_flat, out_flat):
+            inp_flat = inp_flat.clone()
+        gen = algo(_ctx(group, op, blocking), _as_reducible(out_flat), _as_reducible(inp_flat))
+        finish = (lambda: out.copy_(out_flat.view(out.shape))) if copied else None
+        return gen, finish, (out, out_flat, inp_flat)
     inp_buf = _reduce_view(inp_flat, group)
     if inp_buf is inp_flat or inp_buf.data_ptr() == inp_flat.data_ptr():
         if overlaps(inp_flat, out_flat):

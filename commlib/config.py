@@ -71,6 +71,23 @@ def _parse_tristate(text: str) -> bool | None:
     return None if low in ("", "auto") else _parse_bool(low)
 
 
+def _parse_slot(text: str) -> int:
+    value = int(text)
+    if value < 4096 or value % 4096:
+        raise ValueError("must be a positive multiple of 4096 bytes")
+    return value
+
+
+def _parse_optional_int(text: str) -> int | None:
+    text = text.strip().lower()
+    if text in ("", "auto"):
+        return None
+    value = int(text)
+    if value < 0:
+        raise ValueError("must be >= 0")
+    return value
+
+
 @dataclass(frozen=True)
 class Option:
     name: str  # keyword name
@@ -121,6 +138,16 @@ OPTIONS: dict[str, Option] = {
                "An uncaught exception on one rank ends the whole job (`MPI_Abort` under "
                "mpirun; exit code 1 under torchrun, whose agent then stops the other workers) "
                "instead of leaving the other ranks waiting."),
+        Option("shm", True, _parse_bool,
+               "Give every group whose ranks share a host a shared-memory segment, used for "
+               "CPU `all_reduce`, `reduce_scatter_tensor`, `all_gather_into_tensor` and "
+               "`broadcast` in the size ranges where it wins (docs/shm.md). `0`: engine only."),
+        Option("shm_slot_bytes", 1 << 20, _parse_slot,
+               "Bytes of one shared-memory region (each rank has two per group); larger "
+               "messages are pipelined through it in chunks. A multiple of 4096."),
+        Option("shm_spin", None, _parse_optional_int,
+               "Polls a rank waiting on shared memory spins before it yields its core. Default: "
+               "20000, or 50 when the group's ranks outnumber the cores."),
     ]
 }
 

@@ -43,6 +43,9 @@ class Group:
         self.seq = 0
         self.broken: str | None = None
         self._index = {r: i for i, r in enumerate(self.ranks)}
+        # The shared-memory segment of a group whose ranks share a host (collective: every member
+        # constructs the group at the same point); None otherwise. See commlib/backends/shm.py.
+        self.shm = _attach_shm(self)
 
     @property
     def is_member(self) -> bool:
@@ -58,6 +61,17 @@ class Group:
     def __repr__(self) -> str:
         backend = self.backend.name if self.backend is not None else "not a member"
         return f"<commlib.Group {self.name!r} size={self.size} rank={self.rank} backend={backend}>"
+
+
+def _attach_shm(group: "Group"):
+    if group.backend is None or group.size < 2:
+        return None
+    from .backends import shm
+
+    seg = shm.attach(group)
+    if seg is not None:
+        group.backend.shm = seg  # algorithms reach it through their ctx.backend
+    return seg
 
 
 class _State:
@@ -175,6 +189,8 @@ def finalize() -> None:
         # A Group object the user still holds must raise CommStateError, not reach a freed
         # communicator.
         group.broken = "commlib.finalize() released it. Fix: create groups again after commlib.init()"
+        if group.shm is not None:
+            group.shm.close()
         if group.backend is not None:
             group.backend.close()
     if _state.excepthook is not None:

@@ -28,7 +28,27 @@ THRESHOLD_TABLE: dict[tuple[str, str], tuple[str, str]] = {
     ("torch", "all_reduce"): ("native", "native"),
 }
 
+# Groups with a shared-memory segment (all ranks on one host, commlib/backends/shm.py):
+# collective -> ((upper size bound in bytes, exclusive; algorithm), ...) for CPU tensors, checked
+# in order; sizes beyond the last bound use THRESHOLD_TABLE. Bounds are powers of two (select()
+# memoizes per power-of-two bucket). Measured with bench/*.py --compare
+# (see SHM_MEASUREMENTS below and docs/shm.md).
+SHM_TABLE: dict[str, tuple[tuple[int, str], ...]] = {
+    "all_reduce": ((1 << 15, "shm_oneshot"), (1 << 40, "shm_twoshot")),
+    "reduce_scatter": ((1 << 40, "shm"),),
+    "all_gather": ((1 << 40, "shm"),),
+    "broadcast": ((1 << 40, "shm"),),
+}
+
 _memo: dict[tuple, object] = {}
+
+
+def shm_algorithm(collective: str, nbytes: int) -> str | None:
+    """The shared-memory algorithm for ``nbytes`` on a group with a segment, or None."""
+    for bound, name in SHM_TABLE.get(collective, ()):
+        if nbytes < bound:
+            return name
+    return None
 
 
 def auto_algorithm(backend: str, collective: str, nbytes: int, size: int) -> str:
@@ -55,8 +75,11 @@ def select(collective: str, nbytes: int, group, algorithm: str | None, fn: str):
         if forced is not None and get_algorithm(collective, forced) is not None:
             name, why = forced, "COMMLIB_ALGO"
         else:
-            name = auto_algorithm(group.backend.name, collective, nbytes, group.size)
-            why = "size threshold"
+            name = shm_algorithm(collective, nbytes) if group.shm is not None else None
+            why = "shared memory, SHM_TABLE"
+            if name is None:
+                name = auto_algorithm(group.backend.name, collective, nbytes, group.size)
+                why = "size threshold"
         chosen = _memo[key] = get_algorithm(collective, name)
         log.info("%s of %d bytes on group %s: algorithm %s (%s)", collective, nbytes, group.name,
                  name, why)

@@ -1,0 +1,161 @@
+"""The ``shm`` backend: collectives through one shared-memory segment per group, for groups whose
+ranks all share a host (CPU tensors and NumPy arrays).
+
+It rides on the group's engine backend (MPI or torch.distributed), which still moves everything
+else and bootstraps the segment; this module only adds the data plane of ``all_reduce`` (one-shot
+and two-shot), ``reduce_scatter``, ``all_gather`` and ``broadcast``. The copy-in, the flag
+handshake and the reduction are compiled code, ``csrc/shm.c`` (built into ``commlib._shm`` by
+the package install), because on this machine kind the latency to beat is a few microseconds;
+see that file for the segment layout and the memory-ordering argument.
+
+Lifetime. Group rank 0 creates a POSIX shared-memory object, every rank maps it, and rank 0
+unlinks its name as soon as all ranks have mapped it: the memory lives exactly as long as some
+rank maps it, so no ``/dev/shm`` entry is left behind, whether the job ends normally or a rank is
+killed.
+
+Where the extension cannot be built or loaded, or ``/dev/shm`` cannot be used, groups simply get
+no segment and every collective takes the engine's path; ``COMMLIB_LOG=INFO`` says why.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+
+import torch
+
+from .. import config
+from ..errors import CommBackendError
+from ..ops import ReduceOp
+
+__all__ = ["available", "why_unavailable", "attach", "KIND", "DTYPE_CODES", "OP_CODES",
+           "run_op", "default_spin"]
+
+log = logging.getLogger("commlib")
+
+try:
+    from .. import _shm as _ext
+    _WHY: str | None = None
+except ImportError as exc:  # not built (no compiler at install) or not loadable here
+    _ext = None
+    _WHY = f"the C extension commlib._shm is not available ({exc}); reinstall with a C compiler " \
+           f"and Python headers (pip install -e .)"
+
+# Operation kinds of csrc/shm.c (enum K_*).
+KIND = {"oneshot": 0, "twoshot": 1, "reduce_scatter": 2, "all_gather": 3, "broadcast": 4}
+
+# torch dtype -> csrc/reduce_math.h dtype code. bool arrives as uint8 (commlib maps its ops).
+DTYPE_CODES: dict[torch.dtype, int] = {
+    torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3, torch.int8: 4,
+    torch.uint8: 5, torch.int16: 6, torch.int32: 7, torch.int64: 8,
+}
+
+# ReduceOp -> csrc/reduce_math.h op code. AVG runs as SUM with the division done in C, in the
+# accumulation type, before the single rounding (what commlib.kernels defines).
+OP_CODES: dict[ReduceOp, int] = {
+    ReduceOp.SUM: 0, ReduceOp.AVG: 0, ReduceOp.PRODUCT: 1, ReduceOp.MIN: 2, ReduceOp.MAX: 3,
+    ReduceOp.BAND: 4, ReduceOp.BOR: 5, ReduceOp.BXOR: 6,
+}
+
+
+def available() -> bool:
+    return _ext is not None
+
+
+def why_unavailable() -> str | None:
+    return _WHY
+
+
+def default_spin(size: int) -> int:
+    """Polls before a waiting rank starts yielding its core. When ranks outnumber cores, a
+    spinning rank only delays the peer it waits for: yield almost at once."""
+    forced = config.get("shm_spin")
+    if forced is not None:
+        return forced
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return 20000 if size <= cores else 50
+
+
+def _all_gather_ints(backend, values: list[int]) -> list[list[int]]:
+    inp = torch.tensor(values, dtype=torch.int64)
+    out = torch.empty(backend.size * len(values), dtype=torch.int64)
+    backend.wait([backend.all_gather(out, inp, True)])
+    return out.view(backend.size, len(values)).tolist()
+
+
+def attach(group):
+    """Collective over ``group``: its shared-memory segment (a ``commlib._shm.Segment``), or None
+    when the group does not qualify (one rank, several hosts, disabled, extension missing)."""
+    backend = group.backend
+    if backend is None or group.size < 2 or "cpu" not in backend.devices:
+        return None
+    if not config.get("shm"):
+        return None
+    if group.size > (_ext.MAX_RANKS if _ext is not None else 64):
+        log.info("group %s: no shared memory (%d ranks, at most %d)", group.name, group.size,
+                 _ext.MAX_RANKS)
+        return None
+    from ..topology.host import host_hash
+
+    ok = _ext is not None
+    rows = _all_gather_ints(backend, [host_hash(), int(ok)])
+    if len({h for h, _ in rows}) != 1:
+        log.info("group %s: no shared memory (ranks on %d hosts)", group.name,
+                 len({h for h, _ in rows}))
+        return None
+    if not all(k for _, k in rows):
+        if _ext is None:
+            log.info("group %s: no shared memory: %s", group.name, _WHY)
+        return None
+    slot = config.get("shm_slot_bytes")
+    spin = default_spin(group.size)
+    # Rank 0 names and creates the segment; the name travels as 64 bytes through the engine.
+    name_buf = torch.zeros(64, dtype=torch.uint8)
+    seg, error = None, ""
+    if backend.rank == 0:
+        name = f"/commlib-{os.getpid()}-{uuid.uuid4().hex[:16]}"
+        try:
+            seg = _ext.Segment(name, 0, group.size, slot, True, spin, group.name, CommBackendError)
+            name_buf[:len(name)] = torch.tensor(list(name.encode()), dtype=torch.uint8)
+        except OSError as exc:
+            error = str(exc)
+    backend.wait([backend.broadcast(name_buf, 0, True)])
+    name = bytes(name_buf.tolist()).rstrip(b"\0").decode()
+    if name and backend.rank != 0:
+        try:
+            seg = _ext.Segment(name, backend.rank, group.size, slot, False, spin, group.name,
+                               CommBackendError)
+        except OSError as exc:
+            error = str(exc)
+    mapped = _all_gather_ints(backend, [int(seg is not None)])
+    if backend.rank == 0 and name:
+        _ext.unlink(name)  # every rank has mapped it (or failed): the name is no longer needed
+    if not all(k for (k,) in mapped):
+        if seg is not None:
+            seg.close()
+        log.warning("group %s: no shared-memory segment (%s); collectives use the %s engine",
+                    group.name, error or "another rank could not map it", backend.name)
+        return None
+    log.info("group %s: shared-memory segment of %d bytes (%d ranks x 2 x %d), spin %d",
+             group.name, seg.nbytes, group.size, slot, spin)
+    return seg
+
+
+def run_op(ctx, seg, op, name: str):
+    """Run ``op`` (a ``commlib._shm.ShmOp``) for an algorithm: to completion in C when the call
+    may block (returning no handles), else start it and return it as the handle the poll loop
+    and ``Work`` test (it answers MPI's ``Test``/``Wait`` and torch's ``is_completed``/``wait``)."""
+    if ctx.blocking:
+        backend = ctx.backend
+        backend.inflight = name  # the watchdog's view (COMMLIB_TIMEOUT_MODE=abort)
+        try:
+            op()
+        finally:
+            backend.inflight = None
+        return []
+    op.start()
+    return [op]
