@@ -1,0 +1,252 @@
+"""Sequence-parallel attention, functional form.
+
+Every rank of a sequence-parallel group holds a shard of the sequence; tensors are shaped
+``(batch, seq_local, heads, head_dim)`` as in flash-attention. See ``docs/sequence-parallel.md``.
+
+Example (2 ranks, total length 8, zigzag layout: rank 0 holds tokens 0,1,6,7; rank 1 holds
+2,3,4,5)::
+
+    x = torch.randn(1, 8, 4, 16)                 # the same full tensor on every rank
+    q = shard_sequence(x, dim=1)                 # (1, 4, 4, 16): this rank's tokens
+    out = ring_attention(q, q, q, causal=True)   # this rank's rows of full causal attention
+    full = unshard_sequence(out, dim=1)          # (1, 8, 4, 16), in global order, on every rank
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+import commlib
+from commlib.errors import CommTypeError, arg_error
+
+from ._layout import LAYOUTS, gather_order, global_chunks
+from ._plan import plan_ring
+from ._ring import RingAttention, RSAAttention
+
+__all__ = ["ring_attention", "ulysses_attention", "shard_sequence", "unshard_sequence",
+           "ALGORITHMS"]
+
+# algorithm= of ring_attention: the autograd function that runs it
+ALGORITHMS = {"ring": RingAttention, "rsa": RSAAttention}
+
+
+# ----- checks ----------------------------------------------------------------------------------
+def _choice(fn: str, arg: str, value, table) -> None:
+    if not isinstance(value, str) or value not in table:
+        raise arg_error(fn, arg, value, f"must be one of {sorted(table)}",
+                        f"pass {arg}={sorted(table)[0]!r} or another listed name")
+
+
+def _qkv(fn: str, q, k, v):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise arg_error(fn, name, type(t).__name__, "must be a torch.Tensor",
+                            "pass torch tensors shaped (batch, seq_local, heads, head_dim)",
+                            CommTypeError)
+        if t.dim() != 4:
+            raise arg_error(fn, name, f"<tensor shape={tuple(t.shape)}>",
+                            "must be 4-D (batch, seq_local, heads, head_dim)",
+                            "reshape to (batch, seq_local, heads, head_dim), as flash-attention")
+        if not t.is_floating_point():
+            raise arg_error(fn, name, f"<tensor dtype={t.dtype}>", "must be floating point",
+                            "convert to float32/bfloat16/float16/float64", CommTypeError)
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype or t.device != q.device:
+            raise arg_error(fn, name, f"<tensor dtype={t.dtype} device={t.device}>",
+                            f"must match q ({q.dtype} on {q.device})", "convert it like q",
+                            CommTypeError)
+    b, s, h, d = q.shape
+    if k.shape != v.shape[:3] + (d,) or k.shape[:2] != (b, s):
+        raise arg_error(fn, "k", f"<shape k={tuple(k.shape)} v={tuple(v.shape)}>",
+                        f"k must be (batch={b}, seq_local={s}, kv_heads, head_dim={d}) and v "
+                        "(batch, seq_local, kv_heads, any)", "give k and v q's batch, length and "
+                        "the same number of KV heads")
+    if h % k.shape[2]:
+        raise arg_error(fn, "k", f"<tensor shape={tuple(k.shape)}>",
+                        f"q's {h} heads must be a multiple of the {k.shape[2]} KV heads (GQA)",
+                        "use a KV head count that divides the query head count")
+    if s == 0:
+        raise arg_error(fn, "q", f"<tensor shape={tuple(q.shape)}>", "seq_local must be > 0",
+                        "give every rank at least one token")
+
+
+def _scale(fn: str, softmax_scale, d: int) -> float:
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(d)
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) \
+            or not math.isfinite(softmax_scale):
+        raise arg_error(fn, "softmax_scale", softmax_scale, "must be a finite number or None",
+                        "pass None for 1/sqrt(head_dim)")
+    return float(softmax_scale)
+
+
+def _bool(fn: str, arg: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise arg_error(fn, arg, value, "must be True or False", f"pass {arg}=True or False",
+                        CommTypeError)
+    return value
+
+
+def _divisible(fn: str, arg: str, shape, dim: int, length: int, parts: int, why: str) -> None:
+    if length % parts:
+        raise arg_error(fn, arg, f"<tensor shape={tuple(shape)}>",
+                        f"length {length} along dim {dim} must divide by {parts} ({why})",
+                        f"pad the sequence to a multiple of {parts} (e.g. {length + (-length) % parts})"
+                        ", masking the padding in the loss")
+
+
+# ----- ring attention ----------------------------------------------------------------------------
+def ring_attention(q, k, v, *, causal: bool = False, group=None, layout: str = "zigzag",
+                   softmax_scale: float | None = None, return_lse: bool = False,
+                   algorithm: str = "ring"):
+    """Exact attention of this rank's queries over the whole sequence, K/V passed around a ring.
+
+    Args:
+        q, k, v: this rank's shard, ``(batch, seq_local, heads, head_dim)``; ``k``/``v`` may have
+            fewer heads (GQA: ``heads`` a multiple of ``kv_heads``; only KV heads travel).
+        causal: mask keys after the query in global order.
+        group: the sequence-parallel group (default: the world).
+        layout: ``"zigzag"`` (rank r holds chunks r and 2N-1-r of 2N; balanced under ``causal``)
+            or ``"contiguous"`` (chunk r of N). Shard with :func:`shard_sequence`.
+        softmax_scale: default ``1/sqrt(head_dim)``.
+        return_lse: also return the log-sum-exp ``(batch, heads, seq_local)`` (float32, natural
+            log; float64 for float64 inputs; not differentiable).
+        algorithm: ``"ring"`` (blockwise, online softmax, O(s/N) memory) or ``"rsa"`` (the
+            paper's K pass, softmax over full score rows, V pass; O(s_local x s) memory).
+
+    Returns:
+        ``out`` shaped like q (and ``lse``): this rank's rows of the full-sequence attention.
+    """
+    fn = "nn.functional.ring_attention"
+    _qkv(fn, q, k, v)
+    causal = _bool(fn, "causal", causal)
+    return_lse = _bool(fn, "return_lse", return_lse)
+    _choice(fn, "layout", layout, LAYOUTS)
+    _choice(fn, "algorithm", algorithm, ALGORITHMS)
+    scale = _scale(fn, softmax_scale, q.shape[3])
+    rank, size = commlib.get_rank(group), commlib.get_world_size(group)
+    per = LAYOUTS[layout].chunks_per_rank
+    _divisible(fn, "q", q.shape, 1, q.shape[1], per,
+               f"layout {layout!r} holds {per} equal chunks per rank")
+    plan = plan_ring(rank, size, causal, layout)
+    out, lse = ALGORITHMS[algorithm].apply(q, k, v, causal, scale, group, plan)
+    return (out, lse) if return_lse else out
+
+
+# ----- Ulysses -------------------------------------------------------------------------------
+def _seq_to_heads(x: torch.Tensor, size: int, group) -> torch.Tensor:
+    """(b, s/N, h, d) sharded by sequence -> (b, s, h/N, d) sharded by heads (contiguous)."""
+    b, sl, h, d = x.shape
+    send = x.reshape(b, sl, size, h // size, d).permute(2, 0, 1, 3, 4).contiguous()
+    recv = torch.empty_like(send)
+    commlib.all_to_all_single(recv, send, group=group)
+    return recv.permute(1, 0, 2, 3, 4).reshape(b, size * sl, h // size, d)
+
+
+def _heads_to_seq(x: torch.Tensor, size: int, group) -> torch.Tensor:
+    """The inverse of :func:`_seq_to_heads`."""
+    b, s, hl, d = x.shape
+    send = x.reshape(b, size, s // size, hl, d).permute(1, 0, 2, 3, 4).contiguous()
+    recv = torch.empty_like(send)
+    commlib.all_to_all_single(recv, send, group=group)
+    return recv.permute(1, 2, 0, 3, 4).reshape(b, s // size, size * hl, d)
+
+
+class _AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, to_heads: bool, size: int, group):
+        ctx.args = (to_heads, size, group)
+        return (_seq_to_heads if to_heads else _heads_to_seq)(x, size, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        to_heads, size, group = ctx.args
+        return (_heads_to_seq if to_heads else _seq_to_heads)(g.contiguous(), size, group), \
+            None, None, None
+
+
+def ulysses_attention(q, k, v, *, causal: bool = False, group=None,
+                      softmax_scale: float | None = None):
+    """DeepSpeed-Ulysses: all-to-all from sequence shards to head shards, attention on the full
+    sequence with heads/N heads per rank, all-to-all back. Contiguous layout (rank r holds chunk
+    r of N); both the query and the KV head counts must divide by the group size."""
+    fn = "nn.functional.ulysses_attention"
+    _qkv(fn, q, k, v)
+    causal = _bool(fn, "causal", causal)
+    scale = _scale(fn, softmax_scale, q.shape[3])
+    size = commlib.get_world_size(group)
+    for name, t in (("q", q), ("k", k)):
+        if t.shape[2] % size:
+            raise arg_error(fn, name, f"<tensor shape={tuple(t.shape)}>",
+                            f"its {t.shape[2]} heads must divide by the group size {size} "
+                            "(Ulysses gives each rank heads/N whole heads)",
+                            "use ring_attention (no head rule), or a group size that divides "
+                            "the query and KV head counts")
+    if size == 1:
+        qh, kh, vh = q, k, v
+    else:
+        qh, kh, vh = (_AllToAll.apply(t, True, size, group) for t in (q, k, v))
+    out = torch.nn.functional.scaled_dot_product_attention(
+        qh.transpose(1, 2), kh.transpose(1, 2), vh.transpose(1, 2), is_causal=causal, scale=scale,
+        enable_gqa=qh.shape[2] != kh.shape[2]).transpose(1, 2)
+    return out if size == 1 else _AllToAll.apply(out, False, size, group)
+
+
+# ----- sharding helpers -------------------------------------------------------------------------
+def _dim(fn: str, x, dim):
+    if not isinstance(x, torch.Tensor):
+        raise arg_error(fn, "x", type(x).__name__, "must be a torch.Tensor", "pass a tensor",
+                        CommTypeError)
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -x.dim() <= dim < x.dim():
+        raise arg_error(fn, "dim", dim, f"must be a dimension of the {x.dim()}-D tensor",
+                        f"pass 0..{x.dim() - 1} (the sequence dimension)")
+    return dim % x.dim()
+
+
+def shard_sequence(x: torch.Tensor, dim: int = 1, layout: str = "zigzag", group=None) -> torch.Tensor:
+    """This rank's shard of the full tensor ``x`` (the same on every rank) along ``dim``: chunk r
+    of N (``contiguous``) or chunks r and 2N-1-r of 2N (``zigzag``). Differentiable (a slice)."""
+    fn = "nn.functional.shard_sequence"
+    dim = _dim(fn, x, dim)
+    _choice(fn, "layout", layout, LAYOUTS)
+    rank, size = commlib.get_rank(group), commlib.get_world_size(group)
+    n = LAYOUTS[layout].chunks_per_rank * size
+    _divisible(fn, "x", x.shape, dim, x.shape[dim], n,
+               f"layout {layout!r} on {size} ranks cuts the sequence into {n} equal chunks")
+    c = x.shape[dim] // n
+    return torch.cat([x.narrow(dim, g * c, c) for g in global_chunks(layout, rank, size)], dim)
+
+
+class _Gather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, layout, size, rank, group):
+        ctx.args = (dim, layout, rank, size)
+        front = x.movedim(dim, 0).contiguous()
+        out = torch.empty((size * front.shape[0],) + front.shape[1:], dtype=x.dtype, device=x.device)
+        commlib.all_gather_into_tensor(out, front, group=group)
+        order = gather_order(layout, size)
+        parts = out.chunk(len(order))
+        full = torch.cat([parts[order.index(g)] for g in range(len(order))])
+        return full.movedim(0, dim)
+
+    @staticmethod
+    def backward(ctx, g):
+        dim, layout, rank, size = ctx.args
+        c = g.shape[dim] // (LAYOUTS[layout].chunks_per_rank * size)
+        return (torch.cat([g.narrow(dim, i * c, c) for i in global_chunks(layout, rank, size)], dim),
+                None, None, None, None, None)
+
+
+def unshard_sequence(x: torch.Tensor, dim: int = 1, layout: str = "zigzag", group=None) -> torch.Tensor:
+    """The inverse of :func:`shard_sequence`: all-gathers every rank's shard and returns the full
+    tensor in global order on every rank. Differentiable: the gradient of the full tensor is
+    sliced back to this rank's shard (each rank's full-tensor gradient is taken as its own)."""
+    fn = "nn.functional.unshard_sequence"
+    dim = _dim(fn, x, dim)
+    _choice(fn, "layout", layout, LAYOUTS)
+    rank, size = commlib.get_rank(group), commlib.get_world_size(group)
+    _divisible(fn, "x", x.shape, dim, x.shape[dim], LAYOUTS[layout].chunks_per_rank,
+               f"layout {layout!r} holds {LAYOUTS[layout].chunks_per_rank} equal chunks per rank")
+    return _Gather.apply(x, dim, layout, size, rank, group)
