@@ -1,0 +1,221 @@
+"""The α-β-γ cost model: predicted seconds of each algorithm for (collective, bytes, ranks, link).
+
+Every point-to-point step costs ``α + m·β`` (α the per-message latency of the link class, β its
+seconds per byte, ``m`` the bytes of the message) and every local reduction of ``m`` bytes costs
+``m·γ``. For p ranks and n bytes (n is the size of the per-rank buffer the collective's busbw is
+measured on: the reduced buffer for all_reduce, the whole output for all_gather, the whole input
+for reduce_scatter), with ``L = ceil(log2 p)``, ``p2`` the largest power of two <= p and
+``f = 1 if p != p2 else 0`` (the non-power-of-two fold of commlib's doubling algorithms)::
+
+    all_reduce  ring                2(p-1)α + 2(p-1)/p·nβ + (p-1)/p·nγ
+                recursive_doubling  log2(p2)·(α + nβ + nγ) + f·(2α + 2nβ + nγ)
+                rabenseifner        2·log2(p2)·α + 2(p2-1)/p2·nβ + (p2-1)/p2·nγ + f·(2α + 2nβ + nγ)
+                binomial            2L·(α + nβ) + L·nγ              (binomial reduce, then broadcast)
+    reduce_scatter ring             (p-1)α + (p-1)/p·nβ + (p-1)/p·nγ
+                rabenseifner        log2(p2)·α + (p2-1)/p2·n·(β + γ) + f·(2α + (1 + 1/p)·nβ + nγ)
+    all_gather  ring                (p-1)α + (p-1)/p·nβ
+                recursive_doubling  log2(p2)·α + (p2-1)/p2·nβ + f·(2α + (1 + 1/p)·nβ)
+    broadcast   binomial            L·(α + nβ)
+    reduce      binomial            L·(α + nβ + nγ)
+
+These are the classic formulas of Thakur, Rabenseifner & Gropp (2005), written for the exact step
+structure of commlib's algorithms (``commlib/algorithms/``). The engine's own collective
+(``native``) is not modelled by a formula: it is priced from its measured curve (see
+:class:`Curve`) when calibration has one, else as the best of the formulas above (engines run one
+of these algorithms).
+
+The model is pure: no communication, no clock. :func:`predict` returns one :class:`Prediction`
+per algorithm, cheapest first.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+from typing import Callable, NamedTuple
+
+__all__ = ["LinkCost", "Curve", "Prediction", "register_cost", "cost_names", "predict",
+           "DEFAULT_LINKS"]
+
+
+@dataclass(frozen=True)
+class LinkCost:
+    """The cost of one link class: ``alpha`` seconds per message, ``beta`` seconds per byte moved,
+    ``gamma`` seconds per byte reduced locally (the reduction runs on the receiving side)."""
+
+    alpha: float
+    beta: float
+    gamma: float = 0.0
+
+    @classmethod
+    def from_bandwidth(cls, latency_us: float, gbytes_per_s: float,
+                       reduce_gbytes_per_s: float | None = None) -> "LinkCost":
+        gamma = 0.0 if not reduce_gbytes_per_s else 1.0 / (reduce_gbytes_per_s * 1e9)
+        return cls(latency_us * 1e-6, 1.0 / (gbytes_per_s * 1e9), gamma)
+
+
+# Defaults per link class, from published figures (../shared/reference/collectives.md §1.2, §1.4
+# and topology-and-overlap.md §1.3): NCCL's per-hop latencies (Simple protocol) and its effective
+# bandwidths per direction; reductions on a GPU are far faster than the links (γ ~ 0). ``shm`` is
+# CPU ranks on one host: replaced by the built-in probe or calibration, as the figures vary by
+# machine. ``net`` is a 100 Gb/s NIC (NCCL's NET_BW 12 GB/s).
+DEFAULT_LINKS: dict[str, LinkCost] = {
+    "nvlink": LinkCost.from_bandwidth(3.4, 370.0),   # H100 NVSwitch node, NCCL ring busbw
+    "pcie": LinkCost.from_bandwidth(5.7, 24.0),      # Gen4 x16
+    "net": LinkCost.from_bandwidth(14.0, 12.0),      # 100 Gb/s InfiniBand
+    "shm": LinkCost.from_bandwidth(2.0, 6.0, 6.0),   # CPU memory copy ~6 GB/s single thread
+}
+
+
+class Curve:
+    """A measured time curve ``nbytes -> seconds`` (the engine's native collective at one group
+    size), interpolated linearly in log-log space between measured points and extrapolated
+    with the α-β line through the two nearest points beyond either end."""
+
+    def __init__(self, points: dict[int, float] | list[tuple[int, float]]):
+        items = sorted(dict(points).items())
+        if len(items) < 2:
+            raise ValueError("a curve needs at least two measured sizes")
+        self.sizes = [max(1, int(s)) for s, _ in items]
+        self.times = [float(t) for _, t in items]
+
+    def __call__(self, nbytes: int) -> float:
+        s, t = self.sizes, self.times
+        n = max(1, nbytes)
+        i = bisect.bisect_left(s, n)
+        if i < len(s) and s[i] == n:
+            return t[i]
+        if i == 0 or i == len(s):  # outside: straight line (α + nβ) through the end points
+            a, b = (0, 1) if i == 0 else (len(s) - 2, len(s) - 1)
+            slope = (t[b] - t[a]) / (s[b] - s[a])
+            return max(t[a] + slope * (n - s[a]), min(t[a], t[b]) * 0.5)
+        x0, x1 = math.log(s[i - 1]), math.log(s[i])
+        y0, y1 = math.log(t[i - 1]), math.log(t[i])
+        return math.exp(y0 + (y1 - y0) * (math.log(n) - x0) / (x1 - x0))
+
+    def to_json(self) -> dict[str, float]:
+        return {str(s): t for s, t in zip(self.sizes, self.times)}
+
+
+class Prediction(NamedTuple):
+    algorithm: str
+    seconds: float
+    how: str  # "formula" or "measured"
+
+
+CostFn = Callable[[int, float, LinkCost], float]  # (p, nbytes, link) -> seconds
+_COSTS: dict[str, dict[str, CostFn]] = {}
+
+
+def register_cost(name: str, *collectives: str):
+    """Register ``fn(p, nbytes, link) -> seconds`` as the cost of algorithm ``name``."""
+
+    def deco(fn: CostFn) -> CostFn:
+        for c in collectives:
+            _COSTS.setdefault(c, {})[name] = fn
+        return fn
+
+    return deco
+
+
+def cost_names(collective: str) -> list[str]:
+    return sorted(_COSTS.get(collective, {}))
+
+
+def _shape(p: int) -> tuple[int, int, int]:
+    p2 = 1 << (p.bit_length() - 1)
+    return p2, int(math.log2(p2)), int(p != p2)
+
+
+def _ceil_log2(p: int) -> int:
+    return (p - 1).bit_length()
+
+
+@register_cost("ring", "all_reduce")
+def _ring_all_reduce(p, n, c):
+    return 2 * (p - 1) * c.alpha + 2 * (p - 1) / p * n * c.beta + (p - 1) / p * n * c.gamma
+
+
+@register_cost("recursive_doubling", "all_reduce")
+def _rd_all_reduce(p, n, c):
+    p2, k, f = _shape(p)
+    return k * (c.alpha + n * c.beta + n * c.gamma) + f * (2 * c.alpha + 2 * n * c.beta + n * c.gamma)
+
+
+@register_cost("rabenseifner", "all_reduce")
+def _rab_all_reduce(p, n, c):
+    p2, k, f = _shape(p)
+    share = (p2 - 1) / p2
+    return (2 * k * c.alpha + 2 * share * n * c.beta + share * n * c.gamma
+            + f * (2 * c.alpha + 2 * n * c.beta + n * c.gamma))
+
+
+@register_cost("binomial", "all_reduce")
+def _binomial_all_reduce(p, n, c):
+    L = _ceil_log2(p)
+    return 2 * L * (c.alpha + n * c.beta) + L * n * c.gamma
+
+
+@register_cost("ring", "reduce_scatter")
+def _ring_reduce_scatter(p, n, c):
+    return (p - 1) * c.alpha + (p - 1) / p * n * (c.beta + c.gamma)
+
+
+@register_cost("rabenseifner", "reduce_scatter")
+def _rab_reduce_scatter(p, n, c):
+    p2, k, f = _shape(p)
+    share = (p2 - 1) / p2
+    return (k * c.alpha + share * n * (c.beta + c.gamma)
+            + f * (2 * c.alpha + (1 + 1 / p) * n * c.beta + n * c.gamma))
+
+
+@register_cost("ring", "all_gather")
+def _ring_all_gather(p, n, c):
+    return (p - 1) * c.alpha + (p - 1) / p * n * c.beta
+
+
+@register_cost("recursive_doubling", "all_gather")
+def _rd_all_gather(p, n, c):
+    p2, k, f = _shape(p)
+    return k * c.alpha + (p2 - 1) / p2 * n * c.beta + f * (2 * c.alpha + (1 + 1 / p) * n * c.beta)
+
+
+@register_cost("binomial", "broadcast")
+def _binomial_broadcast(p, n, c):
+    return _ceil_log2(p) * (c.alpha + n * c.beta)
+
+
+@register_cost("binomial", "reduce")
+def _binomial_reduce(p, n, c):
+    return _ceil_log2(p) * (c.alpha + n * c.beta + n * c.gamma)
+
+
+@dataclass
+class Table:
+    """What the model knows about one group: its link cost and measured native curves per
+    collective (from calibration)."""
+
+    link: LinkCost
+    native: dict[str, Curve] = field(default_factory=dict)
+
+
+def predict(collective: str, nbytes: int, p: int, table: Table,
+            eligible: list[str] | None = None) -> list[Prediction]:
+    """Predicted time of every algorithm of ``collective`` (restricted to ``eligible`` when
+    given) for ``nbytes`` on ``p`` ranks, cheapest first. ``native`` is priced from its measured
+    curve, else as the cheapest formula."""
+    if p <= 1:
+        return [Prediction("native", 0.0, "formula")]
+    out = [Prediction(name, fn(p, nbytes, table.link), "formula")
+           for name, fn in sorted(_COSTS.get(collective, {}).items())
+           if eligible is None or name in eligible]
+    if eligible is None or "native" in eligible:
+        curve = table.native.get(collective)
+        if curve is not None:
+            out.append(Prediction("native", curve(nbytes), "measured"))
+        elif out:
+            best = min(out, key=lambda x: x.seconds)
+            out.append(Prediction("native", best.seconds, f"formula ({best.algorithm})"))
+    out.sort(key=lambda x: (x.seconds, x.algorithm))
+    return out

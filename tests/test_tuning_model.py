@@ -1,0 +1,72 @@
+"""The α-β-γ formulas of commlib/tuning/model.py against values worked out by hand from the step
+structure of each algorithm (commlib/algorithms/), and the measured-curve interpolation."""
+
+import math
+
+import pytest
+
+from commlib.tuning.model import Curve, LinkCost, Table, cost_names, predict
+
+# α = 1 s, β = 1 ms/B, γ = 0.1 ms/B: each term is visible in the total.
+LINK = LinkCost(alpha=1.0, beta=1e-3, gamma=1e-4)
+N = 1200
+
+
+def by_name(collective, p, n=N, table=None):
+    return {x.algorithm: x.seconds for x in predict(collective, n, p, table or Table(LINK))}
+
+
+def test_all_reduce_at_four_ranks():
+    t = by_name("all_reduce", 4)
+    # ring: 6 steps; 3/4 of the buffer out twice (RS + AG); 3/4 of it reduced
+    assert t["ring"] == pytest.approx(6 + 2 * 900 * 1e-3 + 900 * 1e-4)
+    # recursive doubling: 2 steps, whole buffer sent and reduced each time
+    assert t["recursive_doubling"] == pytest.approx(2 * (1 + 1.2 + 0.12))
+    # Rabenseifner: 4 steps; halves 600+300 out in RS, 300+600 in AG; 600+300 reduced
+    assert t["rabenseifner"] == pytest.approx(4 + 1.8 + 0.09)
+    # binomial: reduce (2 levels) + broadcast (2 levels), whole buffer each step
+    assert t["binomial"] == pytest.approx(4 * (1 + 1.2) + 2 * 0.12)
+
+
+def test_non_power_of_two_pays_the_fold():
+    t = by_name("all_reduce", 3)
+    # p2 = 2: one doubling step, plus the fold in (whole buffer, reduced) and out (whole buffer)
+    assert t["recursive_doubling"] == pytest.approx((1 + 1.2 + 0.12) + (2 + 2.4 + 0.12))
+    t = by_name("all_gather", 3)
+    # one doubling step of half the (p2-blocked) buffer, fold in one block, fold out everything
+    assert t["recursive_doubling"] == pytest.approx(1 + 0.6 + 2 + (400 + 1200) * 1e-3)
+
+
+def test_other_collectives_at_two_ranks():
+    assert by_name("reduce_scatter", 2)["ring"] == pytest.approx(1 + 600 * 1.1e-3)
+    assert by_name("all_gather", 2)["ring"] == pytest.approx(1 + 0.6)
+    assert by_name("broadcast", 2)["binomial"] == pytest.approx(1 + 1.2)
+    assert by_name("reduce", 2)["binomial"] == pytest.approx(1 + 1.2 + 0.12)
+
+
+def test_predictions_are_sorted_and_native_falls_back_to_the_best_formula():
+    preds = predict("all_reduce", 8, 4, Table(LINK))
+    assert [p.seconds for p in preds] == sorted(p.seconds for p in preds)
+    native = [p for p in preds if p.algorithm == "native"][0]
+    assert native.how == "formula (recursive_doubling)"
+    assert set(cost_names("all_reduce")) == {"ring", "recursive_doubling", "rabenseifner", "binomial"}
+
+
+def test_native_uses_its_measured_curve():
+    curve = Curve({8: 5e-6, 1024: 9e-6, 1 << 20: 500e-6})
+    table = Table(LINK, native={"all_reduce": curve})
+    native = [p for p in predict("all_reduce", 1024, 2, table) if p.algorithm == "native"][0]
+    assert native == ("native", 9e-6, "measured")
+    # log-log interpolation: the geometric midpoint of sizes gets the geometric mean of times
+    mid = int(math.sqrt(1024 * (1 << 20)))
+    assert curve(mid) == pytest.approx(math.sqrt(9e-6 * 500e-6), rel=1e-3)
+    # beyond the largest size: the straight line through the last two points
+    slope = (500e-6 - 9e-6) / ((1 << 20) - 1024)
+    assert curve(1 << 21) == pytest.approx(500e-6 + slope * (1 << 20))
+
+
+def test_eligible_restricts_and_one_rank_costs_nothing():
+    assert [p.algorithm for p in predict("all_reduce", N, 4, Table(LINK), ["ring"])] == ["ring"]
+    assert predict("all_reduce", N, 1, Table(LINK))[0].seconds == 0.0
+    with pytest.raises(ValueError):
+        Curve({8: 1e-6})
