@@ -1,0 +1,216 @@
+"""Shared-memory collectives on real ranks (run by tests/test_shm.py, usually with
+COMMLIB_SHM_SLOT_BYTES=4096 so that modest tensors span many chunks of the segment).
+
+Every case checks against references computed here from every rank's input (each rank rebuilds
+all inputs from (rank, seed)), and that all ranks hold bitwise identical results (gathered
+through mpi4py, not commlib).
+
+``python shm_cases.py die`` is the crash scenario instead: the last rank is killed in the middle
+of a multi-chunk all-reduce; the others must raise CommBackendError, quickly.
+"""
+
+import os
+import signal
+import sys
+import time
+
+import torch
+from _harness import main
+from mpi4py import MPI
+
+import commlib
+from commlib.ops import ReduceOp
+
+FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+INTS = [torch.int8, torch.uint8, torch.int32, torch.int64]
+OPS_FLOAT = ["SUM", "AVG", "PRODUCT", "MIN", "MAX"]
+OPS_INT = ["SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"]
+_BOOL_OP = {"SUM": "BOR", "MAX": "BOR", "PRODUCT": "BAND", "MIN": "BAND"}
+_COMBINE = {"SUM": torch.add, "AVG": torch.add, "PRODUCT": torch.mul, "MIN": torch.minimum,
+            "MAX": torch.maximum, "BAND": torch.bitwise_and, "BOR": torch.bitwise_or,
+            "BXOR": torch.bitwise_xor}
+
+
+def data(rank, count, dtype, op, seed=0):
+    g = torch.Generator().manual_seed(7919 * rank + count + seed)
+    if dtype is torch.bool:
+        return torch.randint(0, 2, (count,), generator=g).bool()
+    if op == "PRODUCT":
+        return torch.randint(1, 3, (count,), generator=g).to(dtype)
+    if dtype.is_floating_point:  # non-integers: rounding of half precision is exercised
+        return (torch.randn(count, generator=g, dtype=torch.float64) * 8).to(dtype)
+    return torch.randint(0, 4 if dtype in (torch.int8, torch.uint8) else 1000, (count,),
+                         generator=g).to(dtype)
+
+
+def reference(inputs, op, dtype):
+    """float64 / int64 reduction in rank order, rounded once to ``dtype``."""
+    if dtype is torch.bool:
+        op = _BOOL_OP.get(op, op)
+    wide = torch.float64 if dtype.is_floating_point else torch.int64
+    acc = inputs[0].to(wide)
+    for x in inputs[1:]:
+        acc = _COMBINE[op](acc, x.to(wide))
+    if op == "AVG":
+        acc = acc / len(inputs)
+    return acc.to(dtype) if dtype is not torch.bool else acc.bool()
+
+
+def close(got, want, dtype):
+    """Exact for integers and bool; for floats within the rounding of float32 accumulation and
+    one final rounding to the dtype."""
+    if not dtype.is_floating_point:
+        return torch.equal(got, want)
+    tol = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+    return torch.allclose(got.double(), want.double(), rtol=tol[dtype], atol=tol[dtype] * 8)
+
+
+def identical_everywhere(t):
+    """Every rank holds the same bits."""
+    mine = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+    return len(set(MPI.COMM_WORLD.allgather(mine))) == 1
+
+
+def counts(n):
+    slot = int(os.environ.get("COMMLIB_SHM_SLOT_BYTES", 1 << 20))
+    return sorted({1, n * 3 + 1, 1000, slot // 2 * 3 + 5})  # the last spans several chunks
+
+
+def case_segment():
+    """A group of ranks on one host has a segment; its name is already unlinked."""
+    g, n = commlib.get_world_group(), commlib.get_world_size()
+    if n == 1:
+        assert g.shm is None
+        return
+    assert g.shm is not None and g.shm.size == n and g.shm.rank == g.rank
+    MPI.COMM_WORLD.Barrier()
+    assert not [f for f in os.listdir("/dev/shm") if f.startswith("commlib-")], os.listdir("/dev/shm")
+
+
+def case_all_reduce():
+    r, n = commlib.get_rank(), commlib.get_world_size()
+    for dtype in FLOATS + INTS + [torch.bool]:
+        ops = OPS_FLOAT if dtype.is_floating_point else OPS_INT
+        if dtype is torch.bool:
+            ops = ["SUM", "PRODUCT", "MIN", "MAX"]
+        for op in ops:
+            for count in counts(n):
+                inputs = [data(k, count, dtype, op) for k in range(n)]
+                want = reference(inputs, op, dtype)
+                for algo in ("shm_oneshot", "shm_twoshot", None):
+                    t = inputs[r].clone()
+                    commlib.all_reduce(t, op=op, algorithm=algo)
+                    assert close(t, want, dtype), (dtype, op, count, algo, t[:4], want[:4])
+                    assert identical_everywhere(t), (dtype, op, count, algo)
+
+
+def case_reduce_scatter():
+    r, n = commlib.get_rank(), commlib.get_world_size()
+    for dtype in FLOATS + INTS:
+        for op in OPS_FLOAT if dtype.is_floating_point else OPS_INT:
+            for m in counts(n):
+                inputs = [data(k, n * m, dtype, op) for k in range(n)]
+                want = reference(inputs, op, dtype)[r * m:(r + 1) * m]
+                out = torch.empty(m, dtype=dtype)
+                commlib.reduce_scatter_tensor(out, inputs[r].clone(), op=op, algorithm="shm")
+                assert close(out, want, dtype), (dtype, op, m)
+
+
+def case_movement():
+    r, n = commlib.get_rank(), commlib.get_world_size()
+    for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.uint8):
+        for m in counts(n):
+            inputs = [data(k, m, dtype, "SUM") for k in range(n)]
+            out = torch.empty(n * m, dtype=dtype)
+            commlib.all_gather_into_tensor(out, inputs[r], algorithm="shm")
+            assert torch.equal(out, torch.cat(inputs)), (dtype, m)
+            for root in {0, n - 1}:
+                t = inputs[r].clone()
+                commlib.broadcast(t, group_src=root, algorithm="shm")
+                assert torch.equal(t, inputs[root]), (dtype, m, root)
+    # NumPy, non-contiguous tensors and 2-d shapes take the same paths
+    t = torch.full((6, 4), float(r + 1)).t()
+    commlib.all_reduce(t, op="max")
+    assert torch.equal(t, torch.full((4, 6), float(n)))
+    a = (torch.arange(5, dtype=torch.float64) * (r + 1)).numpy()
+    commlib.all_reduce(a)
+    assert a.tolist() == [k * n * (n + 1) / 2 for k in range(5)]
+
+
+def case_async_and_polled():
+    """Several operations in flight at once (async), waited in reverse order; the latency plan
+    of a repeated call interleaved with them."""
+    r, n = commlib.get_rank(), commlib.get_world_size()
+    ins = [[data(k, 3000 + i, torch.float32, "SUM") for k in range(n)] for i in range(4)]
+    bufs = [x[r].clone() for x in ins]
+    algos = ["shm_oneshot", "shm_twoshot", "shm_oneshot", None]
+    works = [commlib.all_reduce(b, algorithm=a, async_op=True) for b, a in zip(bufs, algos)]
+    planned = torch.full((3,), float(r))
+    for _ in range(3):  # blocking calls after pending async ones complete them in order
+        commlib.all_reduce(planned)
+    out = torch.empty(n * 5)
+    w = commlib.all_gather_into_tensor(out, torch.full((5,), float(r)), async_op=True)
+    for work in reversed(works):
+        work.wait()
+    w.wait()
+    for b, x in zip(bufs, ins):
+        assert close(b, reference(x, "SUM", torch.float32), torch.float32)
+    s = sum(range(n))
+    assert torch.equal(planned, torch.full((3,), float(s * n ** 2)))
+    assert torch.equal(out, torch.arange(n, dtype=torch.float32).repeat_interleave(5))
+
+
+def case_two_groups():
+    """Two groups with their own segments, used alternately and concurrently."""
+    r, n = commlib.get_rank(), commlib.get_world_size()
+    if n < 2:
+        return
+    rev = commlib.new_group(list(reversed(range(n))))
+    half = commlib.new_group(list(range(0, n, 2)))
+    assert rev.shm is not None and rev.shm is not commlib.get_world_group().shm
+    assert (half.shm is not None) == (half.size > 1 and half.rank >= 0)
+    for i in range(20):
+        a = torch.full((2000,), float(r + i))
+        b = torch.full((2000,), float(r * i))
+        wa = commlib.all_reduce(a, group=rev, async_op=True)
+        commlib.all_reduce(b)  # world, while rev's is in flight
+        wa.wait()
+        assert torch.equal(a, torch.full((2000,), float(sum(range(n)) + n * i)))
+        assert torch.equal(b, torch.full((2000,), float(sum(range(n)) * i)))
+        if half.rank >= 0 and half.size > 1:
+            c = torch.full((10,), float(r))
+            commlib.all_reduce(c, group=half, op="max")
+            assert torch.equal(c, torch.full((10,), float(half.ranks[-1])))
+
+
+def die():
+    """The last rank starts a multi-chunk all-reduce and is killed inside it."""
+    commlib.init()
+    r, n = commlib.get_rank(), commlib.get_world_size()
+    t = torch.ones(200_000)
+    commlib.all_reduce(t)  # everyone is in step and the segment works
+    if r == n - 1:
+        t = torch.ones(200_000)
+        commlib.all_reduce(t, async_op=True)  # posts its first chunk, then dies
+        os.kill(os.getpid(), signal.SIGKILL)
+    start = time.monotonic()
+    try:
+        commlib.all_reduce(torch.ones(200_000))
+    except commlib.CommBackendError as exc:
+        took = time.monotonic() - start
+        text = str(exc)
+        assert f"rank {n - 1} of group 'world'" in text and "exited" in text and "Fix:" in text, text
+        print(f"rank {r} caught CommBackendError after {took:.2f} s: {text}", flush=True)
+        # the group is unusable from now on, with the same error, at once
+        try:
+            commlib.all_reduce(torch.ones(4))
+        except commlib.CommBackendError:
+            print(f"rank {r} unusable afterwards", flush=True)
+    os._exit(0)  # no MPI_Finalize: a peer is gone
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["die"]:
+        die()
+    else:
+        main(globals())
