@@ -306,7 +306,7 @@ class Mesh:
     """
 
     def __init__(self, shape: Sequence[int] | int, dim_names: Sequence[str] | None = None, *,
-                 group: Group | None = None):
+                 group: Group | None = None, _order: Sequence[int] | None = None):
         parent = resolve_group(group, "Mesh")
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         if not shape or any(not isinstance(s, int) or s < 1 for s in shape):
@@ -324,11 +324,13 @@ class Mesh:
                             f"must be {len(shape)} distinct names, one per dimension of {shape}",
                             "pass one name per dimension")
         self.shape, self.dim_names, self.parent = shape, dim_names, parent
-        self.coords = _unravel(parent.rank, shape)
+        # order[p]: the group rank at row-major position p (Mesh.from_topology permutes it).
+        self.order = list(range(parent.size)) if _order is None else list(_order)
+        self.coords = _unravel(self.order.index(parent.rank), shape)
         tag = "x".join(map(str, shape))
         self._groups: list[Group] = []
         for d in range(len(shape)):
-            lines = _lines(shape, d)
+            lines = [[self.order[p] for p in line] for line in _lines(shape, d)]
             line_of_me = next(line for line in lines if parent.rank in line)
             backend = parent.backend.split_lines(lines)
             ranks = [parent.ranks[r] for r in line_of_me]
@@ -337,6 +339,38 @@ class Mesh:
                            parent.debug)
             _state.groups.append(group_)
             self._groups.append(group_)
+
+    @classmethod
+    def from_topology(cls, shape: Sequence[int] | int, dim_names: Sequence[str] | None = None, *,
+                      group: Group | None = None, topology=None) -> "Mesh":
+        """A mesh whose inner (last) dimensions stay inside the fastest domain.
+
+        Collective over ``group``. Every rank's locality key (host, NVLink domain, NUMA node; see
+        :func:`commlib.topology.gather.rank_locality`) is all-gathered, and ranks are placed on the
+        row-major grid sorted by key (:func:`commlib.topology.mesh_order`, the same plan on every
+        rank), so that e.g. ``Mesh.from_topology((hosts, per_host), ("dp", "tp"))`` gives "tp"
+        groups inside one host even when ranks were launched round-robin across hosts.
+        ``mesh.levels`` names the domain each dimension stays inside.
+        """
+        import torch
+
+        from .collectives import all_gather_into_tensor
+        from .topology import mesh_order
+        from .topology.gather import rank_locality
+
+        parent = resolve_group(group, "Mesh.from_topology")
+        shape_t = (shape,) if isinstance(shape, int) else tuple(shape)
+        mine = torch.tensor(rank_locality(topology), dtype=torch.int64)
+        keys = torch.empty(parent.size * 3, dtype=torch.int64)
+        all_gather_into_tensor(keys, mine, group=parent)
+        rows = [tuple(int(x) for x in keys[3 * r:3 * r + 3]) for r in range(parent.size)]
+        if not shape_t or any(not isinstance(s, int) or s < 1 for s in shape_t) or \
+                math.prod(shape_t) != parent.size:
+            return cls(shape, dim_names, group=parent)  # raises the standard shape error
+        plan = mesh_order(rows, shape_t)
+        mesh = cls(shape_t, dim_names, group=parent, _order=plan.order)
+        mesh.levels = plan.levels
+        return mesh
 
     def _dim(self, dim) -> int:
         if isinstance(dim, str):
@@ -369,7 +403,7 @@ class Mesh:
         index = 0
         for c, s in zip(coords, self.shape):
             index = index * s + c
-        return self.parent.ranks[index]
+        return self.parent.ranks[self.order[index]]
 
     def __repr__(self) -> str:
         dims = ", ".join(f"{n}={s}" for n, s in zip(self.dim_names, self.shape))
