@@ -1,8 +1,8 @@
 """The α-β-γ cost model: predicted seconds of each algorithm for (collective, bytes, ranks, link).
 
-Every point-to-point step costs ``α + m·β`` (α the per-message latency of the link class, β its
-seconds per byte, ``m`` the bytes of the message) and every local reduction of ``m`` bytes costs
-``m·γ``. For p ranks and n bytes (n is the size of the per-rank buffer the collective's busbw is
+Every point-to-point step costs ``S(m) = α + m·β`` (α the per-message latency of the link class,
+β its seconds per byte, ``m`` the bytes of the message; a calibrated link replaces the line by its
+measured step curve) and every local reduction of ``m`` bytes costs ``m·γ``. For p ranks and n bytes (n is the size of the per-rank buffer the collective's busbw is
 measured on: the reduced buffer for all_reduce, the whole output for all_gather, the whole input
 for reduce_scatter), with ``L = ceil(log2 p)``, ``p2`` the largest power of two <= p and
 ``f = 1 if p != p2 else 0`` (the non-power-of-two fold of commlib's doubling algorithms)::
@@ -10,6 +10,7 @@ for reduce_scatter), with ``L = ceil(log2 p)``, ``p2`` the largest power of two 
     all_reduce  ring                2(p-1)α + 2(p-1)/p·nβ + (p-1)/p·nγ
                 recursive_doubling  log2(p2)·(α + nβ + nγ) + f·(2α + 2nβ + nγ)
                 rabenseifner        2·log2(p2)·α + 2(p2-1)/p2·nβ + (p2-1)/p2·nγ + f·(2α + 2nβ + nγ)
+                                    (halving steps of n/2, n/4, ... n/p2, then doubling back)
                 binomial            2L·(α + nβ) + L·nγ              (binomial reduce, then broadcast)
     reduce_scatter ring             (p-1)α + (p-1)/p·nβ + (p-1)/p·nγ
                 rabenseifner        log2(p2)·α + (p2-1)/p2·n·(β + γ) + f·(2α + (1 + 1/p)·nβ + nγ)
@@ -47,6 +48,15 @@ class LinkCost:
     alpha: float
     beta: float
     gamma: float = 0.0
+    curve: "Curve | None" = None  # measured seconds per step by message size, if calibrated
+
+    def step(self, nbytes: float) -> float:
+        """Seconds of one point-to-point step moving ``nbytes`` each way: the measured curve
+        when calibration has one (it captures what a straight line misses: cache effects,
+        protocol switches), else ``α + nβ``."""
+        if self.curve is not None:
+            return self.curve(nbytes)
+        return self.alpha + nbytes * self.beta
 
     @classmethod
     def from_bandwidth(cls, latency_us: float, gbytes_per_s: float,
@@ -134,61 +144,64 @@ def _ceil_log2(p: int) -> int:
 
 @register_cost("ring", "all_reduce")
 def _ring_all_reduce(p, n, c):
-    return 2 * (p - 1) * c.alpha + 2 * (p - 1) / p * n * c.beta + (p - 1) / p * n * c.gamma
+    return 2 * (p - 1) * c.step(n / p) + (p - 1) / p * n * c.gamma
 
 
 @register_cost("recursive_doubling", "all_reduce")
 def _rd_all_reduce(p, n, c):
     p2, k, f = _shape(p)
-    return k * (c.alpha + n * c.beta + n * c.gamma) + f * (2 * c.alpha + 2 * n * c.beta + n * c.gamma)
+    return k * (c.step(n) + n * c.gamma) + f * (2 * c.step(n) + n * c.gamma)
+
+
+def _halving(p2: int, k: int, n: float, c: LinkCost) -> float:
+    """The recursive-halving (or, reversed, doubling) steps: messages n/2, n/4, ... n/p2."""
+    return sum(c.step(n / (1 << i)) for i in range(1, k + 1))
 
 
 @register_cost("rabenseifner", "all_reduce")
 def _rab_all_reduce(p, n, c):
     p2, k, f = _shape(p)
-    share = (p2 - 1) / p2
-    return (2 * k * c.alpha + 2 * share * n * c.beta + share * n * c.gamma
-            + f * (2 * c.alpha + 2 * n * c.beta + n * c.gamma))
+    return (2 * _halving(p2, k, n, c) + (p2 - 1) / p2 * n * c.gamma
+            + f * (2 * c.step(n) + n * c.gamma))
 
 
 @register_cost("binomial", "all_reduce")
 def _binomial_all_reduce(p, n, c):
     L = _ceil_log2(p)
-    return 2 * L * (c.alpha + n * c.beta) + L * n * c.gamma
+    return 2 * L * c.step(n) + L * n * c.gamma
 
 
 @register_cost("ring", "reduce_scatter")
 def _ring_reduce_scatter(p, n, c):
-    return (p - 1) * c.alpha + (p - 1) / p * n * (c.beta + c.gamma)
+    return (p - 1) * c.step(n / p) + (p - 1) / p * n * c.gamma
 
 
 @register_cost("rabenseifner", "reduce_scatter")
 def _rab_reduce_scatter(p, n, c):
     p2, k, f = _shape(p)
-    share = (p2 - 1) / p2
-    return (k * c.alpha + share * n * (c.beta + c.gamma)
-            + f * (2 * c.alpha + (1 + 1 / p) * n * c.beta + n * c.gamma))
+    return (_halving(p2, k, n, c) + (p2 - 1) / p2 * n * c.gamma
+            + f * (c.step(n) + c.step(n / p) + n * c.gamma))
 
 
 @register_cost("ring", "all_gather")
 def _ring_all_gather(p, n, c):
-    return (p - 1) * c.alpha + (p - 1) / p * n * c.beta
+    return (p - 1) * c.step(n / p)
 
 
 @register_cost("recursive_doubling", "all_gather")
 def _rd_all_gather(p, n, c):
     p2, k, f = _shape(p)
-    return k * c.alpha + (p2 - 1) / p2 * n * c.beta + f * (2 * c.alpha + (1 + 1 / p) * n * c.beta)
+    return _halving(p2, k, n, c) + f * (c.step(n / p) + c.step(n))
 
 
 @register_cost("binomial", "broadcast")
 def _binomial_broadcast(p, n, c):
-    return _ceil_log2(p) * (c.alpha + n * c.beta)
+    return _ceil_log2(p) * c.step(n)
 
 
 @register_cost("binomial", "reduce")
 def _binomial_reduce(p, n, c):
-    return _ceil_log2(p) * (c.alpha + n * c.beta + n * c.gamma)
+    return _ceil_log2(p) * (c.step(n) + n * c.gamma)
 
 
 @dataclass

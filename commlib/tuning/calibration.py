@@ -1,0 +1,144 @@
+"""The tuning file: what ``bench/calibrate.py`` measured on a host, for the cost model.
+
+Layout (JSON)::
+
+    {"format": "commlib-tuning/1", "host": "<host id>", "commlib": "0.1.0",
+     "groups": {"mpi/2": {"links": {"shm": {"alpha": s, "beta": s_per_byte, "gamma": s_per_byte,
+                                            "steps": {"8": s, ...}}},
+                          "native": {"all_reduce": {"8": s, "1024": s, ...}, ...},
+                          "measured": "2026-11-23T18:50:00Z"},
+                "mpi/4": {...}}}
+
+One entry per (backend, group size): a link's α and β are measured with every rank of a group of
+that size busy (a ring shift), so they include the contention of oversubscribed cores, and the
+engine's collectives differ by size. :func:`load` finds the file: ``COMMLIB_TUNING_FILE``, else the
+per-host cache ``$XDG_CACHE_HOME/commlib/tuning-<host hash>.json`` (``~/.cache`` by default).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import time
+
+from ..errors import CommConfigError
+from ..topology.host import host_hash, host_id
+from .model import Curve, LinkCost, Table
+
+__all__ = ["FORMAT", "default_path", "tuning_path", "load", "save_entry", "table_for",
+           "fit_alpha_beta"]
+
+FORMAT = "commlib-tuning/1"
+
+
+def default_path() -> pathlib.Path:
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(cache) / "commlib" / f"tuning-{host_hash():016x}.json"
+
+
+def tuning_path() -> pathlib.Path:
+    explicit = os.environ.get("COMMLIB_TUNING_FILE")
+    return pathlib.Path(explicit) if explicit else default_path()
+
+
+def _read(path: pathlib.Path) -> dict:
+    try:
+        doc = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CommConfigError(
+            f"commlib: tuning file {path} is not valid JSON (line {exc.lineno}: {exc.msg}). "
+            f"Fix: run bench/calibrate.py again or delete the file.") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise CommConfigError(
+            f"commlib: tuning file {path} has format {doc.get('format') if isinstance(doc, dict) else None!r}, "
+            f"expected {FORMAT!r}. Fix: run bench/calibrate.py again or delete the file.")
+    return doc
+
+
+def load(path: str | os.PathLike | None = None) -> dict | None:
+    """The tuning document at ``path`` (default :func:`tuning_path`), or None when there is no
+    file. A file that exists but does not parse raises ``CommConfigError`` naming it."""
+    p = pathlib.Path(path) if path is not None else tuning_path()
+    if not p.exists():
+        if path is not None or os.environ.get("COMMLIB_TUNING_FILE"):
+            raise CommConfigError(
+                f"commlib: tuning file {p} does not exist. Fix: run "
+                f"`mpirun -n N python bench/calibrate.py --out {p}` or unset COMMLIB_TUNING_FILE.")
+        return None
+    return _read(p)
+
+
+def save_entry(path: str | os.PathLike, backend: str, size: int, links: dict[str, LinkCost],
+               native: dict[str, dict[int, float]]) -> None:
+    """Merge the measurements of one (backend, group size) into the file at ``path``."""
+    p = pathlib.Path(path)
+    doc = _read(p) if p.exists() else {"format": FORMAT, "host": host_id(), "groups": {}}
+    from .. import __version__
+
+    doc["commlib"] = __version__
+    doc["groups"][f"{backend}/{size}"] = {
+        "links": {k: _link_json(v) for k, v in links.items()},
+        "native": {c: {str(n): t for n, t in sorted(curve.items())} for c, curve in native.items()},
+        "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(p.suffix + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    tmp.replace(p)
+
+
+def _link_json(link: LinkCost) -> dict:
+    out = {"alpha": link.alpha, "beta": link.beta, "gamma": link.gamma}
+    if link.curve is not None:
+        out["steps"] = link.curve.to_json()
+    return out
+
+
+def _link(entry: dict) -> LinkCost:
+    steps = entry.get("steps")
+    curve = Curve({int(n): t for n, t in steps.items()}) if steps and len(steps) >= 2 else None
+    return LinkCost(entry["alpha"], entry["beta"], entry.get("gamma", 0.0), curve)
+
+
+def table_for(doc: dict | None, backend: str, size: int, link_class: str = "shm") -> Table | None:
+    """The model's :class:`Table` for a group of ``size`` ranks on ``backend``: the entry of that
+    size, else the nearest measured size of that backend (its native curves only when the size
+    matches, since engines change algorithm with the group size). None without a usable entry."""
+    if not doc:
+        return None
+    entries = {int(k.split("/")[1]): v for k, v in doc.get("groups", {}).items()
+               if k.split("/")[0] == backend}
+    if not entries:
+        return None
+    nearest = min(entries, key=lambda s: (abs(s - size), s))
+    entry = entries[nearest]
+    link = entry["links"].get(link_class)
+    if link is None:
+        return None
+    native = {}
+    if nearest == size:
+        native = {c: Curve({int(n): t for n, t in pts.items()})
+                  for c, pts in entry.get("native", {}).items() if len(pts) >= 2}
+    return Table(_link(link), native)
+
+
+def fit_alpha_beta(points: dict[int, float]) -> tuple[float, float]:
+    """α and β of ``t = α + n·β`` fitted to measured ``{nbytes: seconds}`` by least squares on
+    relative error (each point weighs 1/t², so small and large messages count alike). Both are
+    clamped to be non-negative."""
+    # Minimise sum(((a + n b) - t)^2 / t^2): the 2x2 normal equations.
+    s00 = s01 = s11 = r0 = r1 = 0.0
+    for n, t in points.items():
+        w = 1.0 / (t * t)
+        s00 += w
+        s01 += w * n
+        s11 += w * n * n
+        r0 += w * t
+        r1 += w * n * t
+    det = s00 * s11 - s01 * s01
+    if det <= 0:
+        raise ValueError("fit_alpha_beta needs at least two distinct sizes")
+    alpha = (r0 * s11 - r1 * s01) / det
+    beta = (s00 * r1 - s01 * r0) / det
+    return max(alpha, 0.0), max(beta, 0.0)
