@@ -74,7 +74,7 @@ def p2p_points(group, comm, target, rounds, steps=4) -> dict[int, float]:
         send = torch.zeros(nbytes, dtype=torch.uint8)
         recv = torch.empty_like(send)
 
-        def step():
+        def step(send=send, recv=recv):
             group.seq += 1
             start(_shift_steps(_ctx(group, None), send, recv, steps), None, (send, recv), group,
                   "calibrate", group.seq, False)
@@ -88,7 +88,8 @@ def gamma(comm, target, rounds) -> float:
     for nbytes in GAMMA_SIZES:
         a = torch.ones(nbytes // 4)
         b = torch.ones(nbytes // 4)
-        per_byte.append(measure(lambda: reduce_(a, b, ReduceOp.SUM), comm, target, rounds) / nbytes)
+        per_byte.append(measure(lambda a=a, b=b: reduce_(a, b, ReduceOp.SUM), comm, target, rounds)
+                        / nbytes)
     return statistics.median(per_byte)
 
 
@@ -101,10 +102,10 @@ def native_curves(comm, p, target, rounds) -> dict[str, dict[int, float]]:
         part = torch.ones(count // p)
         size = count * 4
         calls = {
-            "all_reduce": lambda: commlib.all_reduce(full, algorithm="native"),
-            "all_gather": lambda: commlib.all_gather_into_tensor(full, part, algorithm="native"),
-            "reduce_scatter": lambda: commlib.reduce_scatter_tensor(part, full, algorithm="native"),
-            "broadcast": lambda: commlib.broadcast(full, 0, algorithm="native"),
+            "all_reduce": lambda f=full: commlib.all_reduce(f, algorithm="native"),
+            "all_gather": lambda f=full, q=part: commlib.all_gather_into_tensor(f, q, algorithm="native"),
+            "reduce_scatter": lambda f=full, q=part: commlib.reduce_scatter_tensor(q, f, algorithm="native"),
+            "broadcast": lambda f=full: commlib.broadcast(f, 0, algorithm="native"),
         }
         for name, call in calls.items():
             curves[name][size] = measure(call, comm, target, rounds)

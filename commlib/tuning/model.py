@@ -2,10 +2,11 @@
 
 Every point-to-point step costs ``S(m) = α + m·β`` (α the per-message latency of the link class,
 β its seconds per byte, ``m`` the bytes of the message; a calibrated link replaces the line by its
-measured step curve) and every local reduction of ``m`` bytes costs ``m·γ``. For p ranks and n bytes (n is the size of the per-rank buffer the collective's busbw is
-measured on: the reduced buffer for all_reduce, the whole output for all_gather, the whole input
-for reduce_scatter), with ``L = ceil(log2 p)``, ``p2`` the largest power of two <= p and
-``f = 1 if p != p2 else 0`` (the non-power-of-two fold of commlib's doubling algorithms)::
+measured step curve) and every local reduction of ``m`` bytes costs ``m·γ``. For p ranks and n
+bytes (n is the size of the per-rank buffer the collective's busbw is measured on: the reduced
+buffer for all_reduce, the whole output for all_gather, the whole input for reduce_scatter), with
+``L = ceil(log2 p)``, ``p2`` the largest power of two <= p and ``f = 1 if p != p2 else 0`` (the
+non-power-of-two fold of commlib's doubling algorithms)::
 
     all_reduce  ring                2(p-1)α + 2(p-1)/p·nβ + (p-1)/p·nγ
                 recursive_doubling  log2(p2)·(α + nβ + nγ) + f·(2α + 2nβ + nγ)
