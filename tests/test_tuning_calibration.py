@@ -1,0 +1,70 @@
+"""The tuning file: fitting, merging, loading, errors; and bench/calibrate.py run for real under
+mpiexec, its file read back into the model."""
+
+import json
+import sys
+
+import pytest
+
+from commlib.errors import CommConfigError
+from commlib.tuning.calibration import FORMAT, fit_alpha_beta, load, save_entry, table_for
+from commlib.tuning.model import LinkCost, predict
+from conftest import ROOT, base_env, mpiexec_path, run_cmd
+
+
+def test_fit_recovers_a_line():
+    alpha, beta = 5e-6, 1 / 4e9
+    points = {n: alpha + n * beta for n in (8, 512, 32768, 1 << 21)}
+    a, b = fit_alpha_beta(points)
+    assert a == pytest.approx(alpha, rel=1e-6) and b == pytest.approx(beta, rel=1e-6)
+    with pytest.raises(ValueError):
+        fit_alpha_beta({8: 1e-6})
+
+
+def test_entries_merge_and_the_nearest_size_serves(tmp_path):
+    path = tmp_path / "t.json"
+    save_entry(path, "mpi", 2, {"shm": LinkCost(1e-6, 1e-9, 1e-10)},
+               {"all_reduce": {8: 2e-6, 1024: 3e-6}})
+    save_entry(path, "mpi", 4, {"shm": LinkCost(4e-6, 2e-9, 1e-10)}, {})
+    doc = load(path)
+    assert doc["format"] == FORMAT and sorted(doc["groups"]) == ["mpi/2", "mpi/4"]
+    two = table_for(doc, "mpi", 2)
+    assert two.link.alpha == 1e-6 and two.native["all_reduce"](1024) == 3e-6
+    three = table_for(doc, "mpi", 3)  # nearest is 2 (ties go to the smaller): no native curve
+    assert three.link.alpha == 1e-6 and three.native == {}
+    assert table_for(doc, "torch", 2) is None and table_for(None, "mpi", 2) is None
+    native = [x for x in predict("all_reduce", 1024, 2, two) if x.algorithm == "native"][0]
+    assert native.how == "measured"
+
+
+def test_bad_files_name_the_file(tmp_path, monkeypatch):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(CommConfigError, match=r"bad\.json is not valid JSON \(line 1"):
+        load(bad)
+    bad.write_text(json.dumps({"format": "other"}))
+    with pytest.raises(CommConfigError, match="has format 'other'"):
+        load(bad)
+    monkeypatch.setenv("COMMLIB_TUNING_FILE", str(tmp_path / "missing.json"))
+    with pytest.raises(CommConfigError, match="missing.json does not exist"):
+        load()
+    monkeypatch.delenv("COMMLIB_TUNING_FILE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert load() is None  # no calibration yet: the model uses its defaults
+
+
+def test_calibrate_writes_a_file_the_model_reads(tmp_path):
+    exe = mpiexec_path()
+    if exe is None:
+        pytest.fail("mpiexec not found: install the 'mpich' extra (pip install mpich)")
+    out = tmp_path / "tuning.json"
+    proc = run_cmd([exe, "-n", "2", sys.executable, str(ROOT / "bench" / "calibrate.py"), "--quick",
+                    "--out", str(out)], timeout=240, env=base_env())
+    assert "# link shm: alpha" in proc.stdout
+    table = table_for(load(out), "mpi", 2)
+    assert table.link.alpha > 0 and table.link.beta > 0 and table.link.gamma > 0
+    assert table.link.curve is not None
+    assert set(table.native) == {"all_reduce", "all_gather", "reduce_scatter", "broadcast"}
+    # measured times grow with size: 64 MiB takes longer than 8 B for every collective
+    for curve in table.native.values():
+        assert curve(64 << 20) > 10 * curve(8)
