@@ -24,6 +24,7 @@ from .model import Topology, TopologyFormatError
 LEVELS = {"PIX": 1, "PXB": 2, "PHB": 3, "NODE": 4, "SYS": 5, "SOC": 5}
 TRAILING = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
 _NV = re.compile(r"^NV(\d+)$")
+_AFFINITY = re.compile(r"^(N/A|[0-9][0-9,\-]*)$")
 FIX = "paste the complete output of 'nvidia-smi topo -m' (every row has one cell per column)"
 
 
@@ -73,9 +74,14 @@ def parse(text: str, path: str) -> dict:
         if label not in devices:
             raise TopologyFormatError(path, lineno, f"row label {label!r} is not a column of the header "
                                       f"({', '.join(devices)})", FIX)
-        if len(row) < n or any(c == "" for c in row):
-            raise TopologyFormatError(path, lineno, f"row {label!r} has {sum(1 for c in row if c)} cells "
-                                      f"but the header has {n} device columns", FIX)
+        valid = 0
+        for c in row + [""]:
+            if c != "X" and c not in LEVELS and not _NV.match(c):
+                break
+            valid += 1
+        if valid < n and (valid == len(row) or _AFFINITY.match(row[valid]) or not row[valid]):
+            raise TopologyFormatError(path, lineno, f"row {label!r} has {valid} cells but the header has {n} "
+                                      "device columns", FIX)
         for col, cell in zip(devices, row):
             if col == label:
                 if cell != "X":
@@ -288,7 +294,7 @@ def write_matrix(topo: Topology, host: int = 0) -> str:
             elif b in peers:
                 cells.append(f"NV{peers[b]}")
             else:
-                cells.append(topo._pci_path(a, b)[0] if topo.host_of(a) == topo.host_of(b) else "NET")
+                cells.append(topo.pcie_type(a, b))
         tail = ["", ""]
         if a in gpus:
             cpu = topo.cpu_of(a)

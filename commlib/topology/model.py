@@ -226,6 +226,13 @@ class Topology:
         PIX, PXB, PHB, NODE (nvidia-smi's; NCCL reads it as PHB), SYS or NET."""
         return self.path(a, b)[0]
 
+    def pcie_type(self, a, b) -> str:
+        """The class of the PCIe/CPU path alone (what ``nvidia-smi topo -mp`` shows), ignoring NVLink."""
+        a, b = self._id(a, "pcie_type"), self._id(b, "pcie_type")
+        if self.host_of(a) != self.host_of(b):
+            return "NET"
+        return "LOC" if a == b else self._pci_path(a, b)[0]
+
     def bandwidth(self, a, b) -> float:
         """Bottleneck bandwidth in GB/s (per direction) of the best path between ``a`` and ``b``."""
         kind, nodes = self.path(a, b)

@@ -13,6 +13,7 @@ path classes (fewer PCIe bridges, no CPU crossings), then to the lexicographical
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -292,7 +293,8 @@ def _btree(n: int, r: int):
 @dataclass
 class DoubleTree:
     """Two binary trees over hosts (NCCL's double binary tree: the second is the first mirrored,
-    or shifted by one for an odd host count, so that a host is interior in at most one) and each
+    so that with an even host count a host is interior in at most one; shifted by one for an odd
+    count, as NCCL does) and each
     host's GPU chain (the ring order inside the host). ``trees[t][h] = (parent, [children])``."""
     trees: list[dict[int, tuple[int, list[int]]]]
     chains: list[list[int]]
@@ -400,7 +402,6 @@ def mesh_order(keys: list[tuple], shape) -> MeshOrder:
     """
     shape = tuple(shape)
     n = len(keys)
-    import math
 
     if math.prod(shape) != n:
         raise arg_error("mesh_order", "shape", shape, f"has {math.prod(shape)} positions for {n} ranks",
@@ -422,9 +423,11 @@ def mesh_order(keys: list[tuple], shape) -> MeshOrder:
                 level = LOCALITY[depth - 1]
                 break
         levels.append(level)
-    inner = levels[-1] if levels else "numa"
-    if len(shape) > 1 and LOCALITY.index(inner) < LOCALITY.index(levels[0]) if inner in LOCALITY and levels[0] \
-            in LOCALITY else False:
+    per_host: dict = {}
+    for k in keys:
+        per_host[tuple(k)[:1]] = per_host.get(tuple(k)[:1], 0) + 1
+    if levels and levels[-1] == "network" and shape[-1] <= min(per_host.values()):
         degraded = True
-        reasons.append("the inner dimension spans a wider domain than an outer one")
+        reasons.append(f"the inner dimension ({shape[-1]}) crosses hosts although every host has "
+                       f"{min(per_host.values())} ranks (hosts' rank counts do not divide evenly)")
     return MeshOrder(order, levels, degraded, "; ".join(reasons))
