@@ -30,7 +30,7 @@ from ._blocks import block_ops, math_grads_from_p, merge_
 from ._layout import positions
 from ._plan import RingPlan
 
-__all__ = ["ring_loop", "STATS", "reset_stats", "RingAttention", "RSAAttention"]
+__all__ = ["ring_loop", "STATS", "reset_stats", "RingAttention", "RSAAttention", "head_groups"]
 
 _clock = time.perf_counter
 
@@ -134,60 +134,77 @@ def _carry_kv(chunk: int):
 
 
 # ----- blockwise ring attention with online softmax ----------------------------------------
+def head_groups(h: int, hk: int, chunks: int):
+    """(query head slice, KV head slice) of each of ``chunks`` groups of whole KV heads (query
+    head i reads KV head i // (h // hk), so a KV head range owns a contiguous query range)."""
+    g, hc = h // hk, hk // chunks
+    return [(slice(j * hc * g, (j + 1) * hc * g), slice(j * hc, (j + 1) * hc)) for j in range(chunks)]
+
+
 class RingAttention(torch.autograd.Function):
+    """Blockwise ring attention. The ring runs once per head group (``chunks`` groups of whole KV
+    heads, one after the other): every in-flight buffer is 1/chunks of the rank's K/V, at the
+    price of ``chunks`` times the messages (each 1/chunks the size)."""
+
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, group, plan):
+    def forward(ctx, q, k, v, causal, scale, group, plan, chunks):
         ops = block_ops(q.device, q.dtype)
-        n_chunks = plan.steps[0].calls[0].q1
-        c = q.shape[1] // n_chunks
-        qt = _bhsd(q)
+        c = q.shape[1] // plan.steps[0].calls[0].q1  # tokens per chunk
         acc_dtype = _acc_dtype(q.dtype)
-        state = {}
+        b, sl, h, _ = q.shape
+        out_acc = _bhsd(torch.empty(b, sl, h, v.shape[3], dtype=acc_dtype, device=q.device))
+        lse_acc = torch.empty(b, h, sl, dtype=acc_dtype, device=q.device)
+        for qh, kh in head_groups(h, k.shape[2], chunks):
+            qt, out_g, lse_g = _bhsd(q)[:, qh], out_acc[:, qh], lse_acc[:, qh]
 
-        def compute(step, cur):
-            kt, vt = _bhsd(cur[0]), _bhsd(cur[1])
-            for call in step.calls:
-                rows, cols = slice(call.q0 * c, call.q1 * c), slice(call.k0 * c, call.k1 * c)
-                o, lse = ops.forward(qt[:, :, rows], kt[:, :, cols], vt[:, :, cols], call.causal, scale)
-                if step.index == 0:  # covers every row (plan_ring guarantees it)
-                    state["out"], state["lse"] = o.to(acc_dtype), lse.to(acc_dtype)
-                else:
-                    merge_(state["out"][:, :, rows], state["lse"][:, :, rows], o, lse)
+            def compute(step, cur, qt=qt, out_g=out_g, lse_g=lse_g):
+                kt, vt = _bhsd(cur[0]), _bhsd(cur[1])
+                for call in step.calls:
+                    rows, cols = slice(call.q0 * c, call.q1 * c), slice(call.k0 * c, call.k1 * c)
+                    o, lse = ops.forward(qt[:, :, rows], kt[:, :, cols], vt[:, :, cols],
+                                         call.causal, scale)
+                    if step.index == 0:  # covers every row (plan_ring guarantees it)
+                        out_g.copy_(o)
+                        lse_g.copy_(lse)
+                    else:
+                        merge_(out_g[:, :, rows], lse_g[:, :, rows], o, lse)
 
-        ring_loop(plan, group, (k, v), compute)
-        out = state["out"].to(q.dtype)  # (b, h, s, d) view of (b, s, h, d) memory
-        lse = state["lse"]
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = (scale, group, plan, c)
-        ctx.mark_non_differentiable(lse)
-        return _bhsd(out), lse
+            ring_loop(plan, group, (k[:, :, kh], v[:, :, kh]), compute)
+        out = out_acc.to(q.dtype)  # (b, h, s, d) view of (b, s, h, d) memory
+        ctx.save_for_backward(q, k, v, out, lse_acc)
+        ctx.args = (scale, group, plan, c, chunks)
+        ctx.mark_non_differentiable(lse_acc)
+        return _bhsd(out), lse_acc
 
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        scale, group, plan, c = ctx.args
+        scale, group, plan, c, chunks = ctx.args
         ops = block_ops(q.device, q.dtype)
-        qt, dot = _bhsd(q), _bhsd(dout)
-        state = {}
+        dq_acc = torch.empty(q.shape, dtype=_acc_dtype(q.dtype), device=q.device)
+        dks, dvs = [], []
+        for qh, kh in head_groups(q.shape[2], k.shape[2], chunks):
+            qt, dot, out_g, lse_g = _bhsd(q)[:, qh], _bhsd(dout)[:, qh], out[:, qh], lse[:, qh]
+            dq_g = _bhsd(dq_acc)[:, qh]
 
-        def compute(step, cur):
-            kt, vt = _bhsd(cur[0]), _bhsd(cur[1])
-            parts = []
-            for call in step.calls:
-                rows, cols = slice(call.q0 * c, call.q1 * c), slice(call.k0 * c, call.k1 * c)
-                dq, dk, dv = ops.backward(dot[:, :, rows], qt[:, :, rows], kt[:, :, cols],
-                                          vt[:, :, cols], out[:, :, rows], lse[:, :, rows],
-                                          call.causal, scale)
-                if step.index == 0:
-                    state["dq"] = dq.to(_acc_dtype(dq.dtype))
-                else:
-                    state["dq"][:, :, rows].add_(dq)
-                parts.append((call.k0, call.k1, dk, dv))
-            return parts
+            def compute(step, cur, qt=qt, dot=dot, out_g=out_g, lse_g=lse_g, dq_g=dq_g):
+                kt, vt = _bhsd(cur[0]), _bhsd(cur[1])
+                parts = []
+                for call in step.calls:
+                    rows, cols = slice(call.q0 * c, call.q1 * c), slice(call.k0 * c, call.k1 * c)
+                    dq, dk, dv = ops.backward(dot[:, :, rows], qt[:, :, rows], kt[:, :, cols],
+                                              vt[:, :, cols], out_g[:, :, rows], lse_g[:, :, rows],
+                                              call.causal, scale)
+                    (dq_g.copy_ if step.index == 0 else dq_g[:, :, rows].add_)(dq)
+                    parts.append((call.k0, call.k1, dk, dv))
+                return parts
 
-        dk, dv = ring_loop(plan, group, (k, v), compute, _carry_kv(c))
-        return (_bhsd(state["dq"]).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
-                None, None, None, None)
+            dk, dv = ring_loop(plan, group, (k[:, :, kh], v[:, :, kh]), compute, _carry_kv(c))
+            dks.append(dk.to(k.dtype))
+            dvs.append(dv.to(v.dtype))
+        dk = dks[0] if chunks == 1 else torch.cat(dks, dim=2)
+        dv = dvs[0] if chunks == 1 else torch.cat(dvs, dim=2)
+        return dq_acc.to(q.dtype), dk, dv, None, None, None, None, None
 
 
 # ----- RSA: the paper's two ring passes over materialized score rows -------------------------
@@ -198,7 +215,7 @@ class RSAAttention(torch.autograd.Function):
     from the stored probabilities, dK/dV accumulators traveling home)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, group, plan):
+    def forward(ctx, q, k, v, causal, scale, group, plan, chunks=1):
         b, sl, h, d = q.shape
         hk = k.shape[2]
         g = h // hk
@@ -256,4 +273,4 @@ class RSAAttention(torch.autograd.Function):
 
         dk, dv = ring_loop(plan, group, (k, v), compute, _carry_kv(sl))
         return (_bhsd(state["dq"]).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
-                None, None, None, None)
+                None, None, None, None, None)

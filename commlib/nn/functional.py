@@ -100,7 +100,7 @@ def _divisible(fn: str, arg: str, shape, dim: int, length: int, parts: int, why:
 # ----- ring attention ----------------------------------------------------------------------------
 def ring_attention(q, k, v, *, causal: bool = False, group=None, layout: str = "zigzag",
                    softmax_scale: float | None = None, return_lse: bool = False,
-                   algorithm: str = "ring"):
+                   algorithm: str = "ring", head_chunks: int | None = None):
     """Exact attention of this rank's queries over the whole sequence, K/V passed around a ring.
 
     Args:
@@ -115,6 +115,10 @@ def ring_attention(q, k, v, *, causal: bool = False, group=None, layout: str = "
             log; float64 for float64 inputs; not differentiable).
         algorithm: ``"ring"`` (blockwise, online softmax, O(s/N) memory) or ``"rsa"`` (the
             paper's K pass, softmax over full score rows, V pass; O(s_local x s) memory).
+        head_chunks: ``"ring"`` only: run the ring once per group of KV heads, ``head_chunks``
+            groups (must divide the KV head count): in-flight buffers shrink to 1/head_chunks,
+            messages multiply by head_chunks. Default: 2 when the group has more than one rank
+            and the KV heads divide by 2, else 1.
 
     Returns:
         ``out`` shaped like q (and ``lse``): this rank's rows of the full-sequence attention.
@@ -130,8 +134,16 @@ def ring_attention(q, k, v, *, causal: bool = False, group=None, layout: str = "
     per = LAYOUTS[layout].chunks_per_rank
     _divisible(fn, "q", q.shape, 1, q.shape[1], per,
                f"layout {layout!r} holds {per} equal chunks per rank")
+    hk = k.shape[2]
+    if head_chunks is None:
+        head_chunks = 2 if size > 1 and hk % 2 == 0 and algorithm == "ring" else 1
+    if isinstance(head_chunks, bool) or not isinstance(head_chunks, int) or head_chunks < 1 \
+            or hk % head_chunks or (algorithm != "ring" and head_chunks != 1):
+        raise arg_error(fn, "head_chunks", head_chunks,
+                        f"must be a positive divisor of the {hk} KV heads (and 1 for rsa)",
+                        "pass None for the default, or 1")
     plan = plan_ring(rank, size, causal, layout)
-    out, lse = ALGORITHMS[algorithm].apply(q, k, v, causal, scale, group, plan)
+    out, lse = ALGORITHMS[algorithm].apply(q, k, v, causal, scale, group, plan, head_chunks)
     return (out, lse) if return_lse else out
 
 

@@ -101,7 +101,7 @@ class Count:
 
 
 def run_ring(algorithm, layout, causal, h, hk, chunk, seed, d=8, b=2, dtype=torch.float32,
-             rtol=RTOL):
+             rtol=RTOL, head_chunks=None):
     _, n = world()
     per = 1 if layout == "contiguous" else 2
     s = chunk * per * n
@@ -110,7 +110,7 @@ def run_ring(algorithm, layout, causal, h, hk, chunk, seed, d=8, b=2, dtype=torc
     ql, kl, vl = (local(t, layout).to(dtype).requires_grad_() for t in (q, k, v))
     with Count() as fwd:
         o, l = F.ring_attention(ql, kl, vl, causal=causal, layout=layout, return_lse=True,
-                                algorithm=algorithm)
+                                algorithm=algorithm, head_chunks=head_chunks)
     with Count() as bwd:
         o.backward(local(do, layout).to(dtype))
     what = f"{algorithm} {layout} causal={causal} h={h}/{hk} s={s}"
@@ -120,16 +120,19 @@ def run_ring(algorithm, layout, causal, h, hk, chunk, seed, d=8, b=2, dtype=torc
         assert got.dtype == dtype, (name, got.dtype)
         close(f"{name} {what}", got.float(), local(want, layout), rtol)
     # messages: K and V hop N-1 times forward (twice over for rsa: K pass, V pass); backward
-    # K/V hop N-1 times and the (dK, dV) accumulators N times, in N+1 batches.
-    passes = 2 if algorithm == "rsa" else 1
+    # K/V hop N-1 times and the (dK, dV) accumulators N times, in N+1 batches; all of it once
+    # per head group (documented default: 2 groups when N > 1 and the KV heads divide by 2).
+    if head_chunks is None:
+        head_chunks = 2 if algorithm == "ring" and n > 1 and hk % 2 == 0 else 1
+    passes = 2 if algorithm == "rsa" else head_chunks
     if n == 1:
         assert (fwd.batches, bwd.batches, fwd.sends + bwd.sends) == (0, 0, 0)
     else:
         per_hop = 1 if algorithm == "rsa" else 2
         assert (fwd.batches, fwd.sends, fwd.recvs) == \
             (passes * (n - 1), passes * per_hop * (n - 1), passes * per_hop * (n - 1)), vars(fwd)
-        assert (bwd.batches, bwd.sends, bwd.recvs) == (n + 1, 2 * (n - 1) + 2 * n,
-                                                      2 * (n - 1) + 2 * n), vars(bwd)
+        hops = head_chunks * (2 * (n - 1) + 2 * n)
+        assert (bwd.batches, bwd.sends, bwd.recvs) == (head_chunks * (n + 1), hops, hops), vars(bwd)
 
 
 # ----- cases -------------------------------------------------------------------------------------
@@ -146,6 +149,8 @@ def case_ring_odd_lengths():
     run_ring("ring", "zigzag", True, 4, 1, chunk=13, seed=100)
     run_ring("ring", "contiguous", True, 4, 1, chunk=37, seed=101)
     run_ring("ring", "contiguous", False, 3, 3, chunk=37, seed=102)
+    run_ring("ring", "zigzag", True, 8, 4, chunk=6, seed=103, head_chunks=4)
+    run_ring("ring", "zigzag", False, 8, 4, chunk=6, seed=104, head_chunks=1)
 
 
 def case_low_precision():
