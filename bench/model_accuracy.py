@@ -1,0 +1,149 @@
+"""How well the cost model predicts, and how well selection picks, on this machine.
+
+    python bench/model_accuracy.py [--ranks 2,3,4] [--quick]      # spawns mpiexec per size
+    mpirun -n N python bench/model_accuracy.py --worker --json F   # one size (what it spawns)
+
+For all_reduce, all_gather, reduce_scatter and broadcast from 8 B to 64 MiB (x4 steps), at each
+world size, it times every algorithm the collective has (median over rounds of the slowest rank's
+mean, as bench/calibrate.py does) and compares:
+
+* **prediction**: the model's time for each (collective, size, algorithm) it can price, against
+  the measured median; a point is *within* when |predicted / measured - 1| <= 25 %;
+* **selection**: the algorithm ``commlib`` picks automatically for (collective, size), against the
+  fastest measured one; a point is *good* when the pick is within 10 % of the fastest.
+
+It prints one table per world size and the two shares over all points. The model reads the tuning
+file (``COMMLIB_TUNING_FILE`` or the per-host cache written by bench/calibrate.py); without one it
+uses the default link costs, and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+SIZES = [8 << (2 * i) for i in range(12)] + [64 << 20]
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+PREDICT_TOL, SELECT_TOL = 0.25, 0.10
+
+
+def run(coll: str, full, part, algorithm: str) -> None:
+    """One call of ``coll`` on the benchmark's buffers (``full``: the n-byte buffer)."""
+    import commlib
+
+    if coll == "all_reduce":
+        commlib.all_reduce(full, algorithm=algorithm)
+    elif coll == "all_gather":
+        commlib.all_gather_into_tensor(full, part, algorithm=algorithm)
+    elif coll == "reduce_scatter":
+        commlib.reduce_scatter_tensor(part, full, algorithm=algorithm)
+    else:
+        commlib.broadcast(full, 0, algorithm=algorithm)
+
+
+def worker(args) -> int:
+    import torch
+    from mpi4py import MPI
+
+    import commlib
+    from calibrate import measure
+    from commlib.algorithms import algorithm_names, get_algorithm
+    from commlib.tuning import select
+    from commlib.tuning.calibration import load, table_for
+    from commlib.tuning.model import DEFAULT_LINKS, Table, predict
+
+    torch.set_num_threads(1)
+    commlib.init()
+    group = commlib.get_world_group()
+    comm = MPI.COMM_WORLD
+    p = group.size
+    target, rounds = (0.02, 3) if args.quick else (0.05, 5)
+    table = table_for(load(), group.backend.name, p)
+    source = "tuning file" if table is not None else "defaults (no calibration)"
+    table = table or Table(DEFAULT_LINKS["shm"])
+    rows = []
+    for coll in COLLECTIVES:
+        names = algorithm_names(coll)
+        by_fn = {get_algorithm(coll, n): n for n in names}
+        for nbytes in SIZES:
+            count = max(p, nbytes // 4 // p * p)
+            full, part = torch.ones(count), torch.ones(count // p)
+            size = count * 4
+            measured = {a: measure(lambda a=a, f=full, q=part, c=coll: run(c, f, q, a), comm, target, rounds)
+                        for a in names}
+            predicted = {x.algorithm: x.seconds for x in predict(coll, size, p, table)}
+            picked = by_fn[select(coll, size, group, None, coll)]
+            rows.append({"p": p, "collective": coll, "size": size, "measured": measured,
+                         "predicted": predicted, "picked": picked})
+    if group.rank == 0:
+        with open(args.json, "w") as f:
+            json.dump({"p": p, "model": source, "rows": rows}, f)
+    commlib.finalize()
+    return 0
+
+
+def report(docs: list[dict]) -> tuple[float, float]:
+    within = total_pred = good = total_sel = 0
+    for doc in docs:
+        print(f"\n# {doc['p']} ranks; model from {doc['model']}")
+        print(f"# {'collective':14} {'size':>10}  {'picked':18} {'best':18} {'pick/best':>9}  "
+              "prediction error per algorithm (predicted/measured - 1)")
+        for r in doc["rows"]:
+            measured, predicted = r["measured"], r["predicted"]
+            best = min(measured, key=measured.get)
+            ratio = measured[r["picked"]] / measured[best]
+            total_sel += 1
+            good += ratio <= 1 + SELECT_TOL
+            errs = []
+            for a, t in sorted(measured.items()):
+                if a in predicted:
+                    e = predicted[a] / t - 1
+                    total_pred += 1
+                    within += abs(e) <= PREDICT_TOL
+                    errs.append(f"{a}:{e:+.0%}")
+                else:
+                    errs.append(f"{a}:n/a")
+            print(f"  {r['collective']:14} {r['size']:>10}  {r['picked']:18} {best:18} "
+                  f"{ratio:9.2f}  {' '.join(errs)}")
+    pred_share = within / total_pred if total_pred else 0.0
+    sel_share = good / total_sel if total_sel else 0.0
+    print(f"\n# prediction within ±{PREDICT_TOL:.0%}: {within}/{total_pred} points = {pred_share:.1%} "
+          "(goal >= 80%)")
+    print(f"# selection within {SELECT_TOL:.0%} of the fastest: {good}/{total_sel} points = "
+          f"{sel_share:.1%} (goal >= 90%)")
+    return pred_share, sel_share
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="bench/model_accuracy.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", default="2,3,4", help="world sizes to run (default 2,3,4)")
+    parser.add_argument("--quick", action="store_true", help="shorter loops, fewer rounds")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--json", default=None, help="worker: where to write its rows; "
+                        "spawner: also write every row here")
+    args = parser.parse_args(argv)
+    if args.worker:
+        return worker(args)
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    docs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in [int(x) for x in args.ranks.split(",")]:
+            out = os.path.join(tmp, f"np{n}.json")
+            cmd = [mpiexec, "-n", str(n), sys.executable, os.path.abspath(__file__), "--worker",
+                   "--json", out] + (["--quick"] if args.quick else [])
+            subprocess.run(cmd, check=True, timeout=1800)
+            with open(out) as f:
+                docs.append(json.load(f))
+    report(docs)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(docs, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
