@@ -39,6 +39,7 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
@@ -365,6 +366,25 @@ static void sweep(Segment *g) {
         PyMem_Free(dead);
 }
 
+/* Whether process `pid` has ended: gone (ESRCH), or a zombie its parent has not reaped yet
+ * (kill(pid, 0) still succeeds on those; /proc/<pid>/stat says 'Z' or 'X'). */
+static int process_ended(pid_t pid) {
+    if (kill(pid, 0) == -1)
+        return errno == ESRCH;
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        return 0; /* no /proc: only ESRCH can tell */
+    ssize_t k = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (k <= 0)
+        return 0;
+    buf[k] = 0;
+    const char *paren = strrchr(buf, ')'); /* "pid (comm) S ..." */
+    return paren != NULL && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
+}
+
 /* A peer whose flag is below `need` and whose process is gone, or -1. */
 static int dead_peer(Segment *g, uint64_t need) {
     for (int j = 0; j < g->n; j++) {
@@ -373,7 +393,7 @@ static int dead_peer(Segment *g, uint64_t need) {
         if (atomic_load_explicit(&g->flags[j].step, memory_order_acquire) >= need)
             continue;
         pid_t pid = (pid_t)g->hdr->pid[j];
-        if (pid > 0 && kill(pid, 0) == -1 && errno == ESRCH)
+        if (pid > 0 && process_ended(pid))
             return j;
     }
     return -1;
