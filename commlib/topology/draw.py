@@ -43,7 +43,8 @@ def layout(topo: Topology, host: int | None = None) -> tuple[dict[str, tuple[flo
         col[0] += 0.5
     extra = [n for n in kids.get(None, []) if g.nodes[n]["kind"] in ("NVS", "NET")]
     for k, n in enumerate(extra):
-        pos[n] = ((k + 0.5) * max(col[0], 1) / max(len(extra), 1), depth_max[0] + 1.6 + 0.8 * (g.nodes[n]["kind"] == "NET"))
+        below = depth_max[0] + 1.6 + 0.8 * (g.nodes[n]["kind"] == "NET")
+        pos[n] = ((k + 0.5) * max(col[0], 1) / max(len(extra), 1), below)
     edges = [(a, b, d) for a, b, d in g.edges(data=True) if a in pos and b in pos and a != b]
     return pos, edges
 

@@ -334,7 +334,8 @@ class Topology:
         best = None
         for na in self.nodes("NIC", self.host_of(a)):
             for net in sorted(x for x in g[na] if g.nodes[x]["kind"] == "NET"):
-                for nb in sorted(x for x in g[net] if g.nodes[x]["kind"] == "NIC" and self.host_of(x) == self.host_of(b)):
+                far = [x for x in g[net] if g.nodes[x]["kind"] == "NIC" and self.host_of(x) == self.host_of(b)]
+                for nb in sorted(far):
                     left = [a] if a == na else self._path(a, na)[1]
                     right = [b] if b == nb else self._path(nb, b)[1]
                     nodes = left + [net] + right
