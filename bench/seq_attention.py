@@ -112,7 +112,7 @@ def parallel(args, algorithm: str, local):
         out = F.ulysses_attention(q, k, v, causal=args.causal)
     else:
         out = F.ring_attention(q, k, v, causal=args.causal, layout=args.layout,
-                               algorithm=algorithm)
+                               algorithm=algorithm, head_chunks=args.head_chunks)
     out.backward(do)
     return out
 
@@ -165,6 +165,7 @@ def main(argv=None) -> int:
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--non-causal", dest="causal", action="store_false")
     p.add_argument("--layout", default="zigzag", choices=["zigzag", "contiguous"])
+    p.add_argument("--head-chunks", type=int, default=None, help="ring: head groups (default: library's)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (median)")
     p.add_argument("--budget-mib", type=float, default=None,
                    help="memory budget for the longest-sequence estimate (default: mem1 at the "
@@ -181,7 +182,7 @@ def main(argv=None) -> int:
         f"causal {args.causal}, layout {args.layout} (ulysses: contiguous), float32, "
         f"{torch.get_num_threads()} thread per process, {args.rounds} rounds, medians")
     out(f"# {'algorithm':>9} {'seq':>7} {'t1(ms)':>9} {'tN(ms)':>9} {'eff':>6} {'hidden':>7} "
-        f"{'mem1(MiB)':>10} {'memN(MiB)':>10} {'memN/mem1':>9} {'err':>9}")
+        f"{'comm(ms)':>9} {'exposed':>8} {'mem1(MiB)':>10} {'memN(MiB)':>10} {'memN/mem1':>9} {'err':>9}")
     rows = []
     for s in args.seq:
         full = inputs(args, s)
@@ -241,10 +242,12 @@ def main(argv=None) -> int:
             if rank == 0:
                 row = dict(algorithm=algorithm, seq=s, ranks=n, t1_ms=t1 * 1e3, tn_ms=tn * 1e3,
                            efficiency=eff, hidden=hidden, mem1_mib=mem1 / mib, memn_mib=mem_n / mib,
-                           mem_ratio=mem_n / mem1, err=err, t1_rounds=t1s, tn_rounds=tns)
+                           mem_ratio=mem_n / mem1, err=err, comm_ms=statistics.median(alone) * 1e3,
+                           exposed_ms=statistics.median(exposed) * 1e3, t1_rounds=t1s, tn_rounds=tns)
                 rows.append(row)
                 out(f"  {algorithm:>9} {s:>7} {t1 * 1e3:>9.1f} {tn * 1e3:>9.1f} {eff:>6.1%} "
-                    f"{hidden_text:>7} {mem1 / mib:>10.1f} {mem_n / mib:>10.1f} "
+                    f"{hidden_text:>7} {statistics.median(alone) * 1e3:>9.1f} "
+                    f"{statistics.median(exposed) * 1e3:>8.1f} {mem1 / mib:>10.1f} {mem_n / mib:>10.1f} "
                     f"{mem_n / mem1:>9.1%} {err:>9.2e}", flush=True)
     if rank == 0:
         budget_report(args, rows, n, out)
@@ -269,7 +272,9 @@ def _fit(points, degree):
 def _solve(coef, budget):
     import numpy as np
 
-    roots = np.roots(list(coef[::-1] - np.array([budget] + [0] * (len(coef) - 1))))
+    poly = np.array(coef, dtype=float)
+    poly[0] -= budget
+    roots = np.roots(poly[::-1])
     real = [r.real for r in roots if abs(r.imag) < 1e-9 and r.real > 0]
     return max(real) if real else None
 

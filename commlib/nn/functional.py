@@ -26,7 +26,7 @@ from ._plan import plan_ring
 from ._ring import RingAttention, RSAAttention
 
 __all__ = ["ring_attention", "ulysses_attention", "shard_sequence", "unshard_sequence",
-           "ALGORITHMS"]
+           "ALGORITHMS", "default_head_chunks"]
 
 # algorithm= of ring_attention: the autograd function that runs it
 ALGORITHMS = {"ring": RingAttention, "rsa": RSAAttention}
@@ -97,6 +97,13 @@ def _divisible(fn: str, arg: str, shape, dim: int, length: int, parts: int, why:
                         ", masking the padding in the loss")
 
 
+def default_head_chunks(kv_heads: int, size: int) -> int:
+    """The largest divisor of ``kv_heads`` that is at most 2 x ``size`` (1 when size is 1)."""
+    if size == 1:
+        return 1
+    return max(c for c in range(1, min(kv_heads, 2 * size) + 1) if kv_heads % c == 0)
+
+
 # ----- ring attention ----------------------------------------------------------------------------
 def ring_attention(q, k, v, *, causal: bool = False, group=None, layout: str = "zigzag",
                    softmax_scale: float | None = None, return_lse: bool = False,
@@ -117,8 +124,9 @@ def ring_attention(q, k, v, *, causal: bool = False, group=None, layout: str = "
             paper's K pass, softmax over full score rows, V pass; O(s_local x s) memory).
         head_chunks: ``"ring"`` only: run the ring once per group of KV heads, ``head_chunks``
             groups (must divide the KV head count): in-flight buffers shrink to 1/head_chunks,
-            messages multiply by head_chunks. Default: 2 when the group has more than one rank
-            and the KV heads divide by 2, else 1.
+            messages multiply by head_chunks. Default: the largest divisor of the KV head count
+            that is at most 2N (1 on one rank), so the ring's buffers stay a small fraction of the
+            rank's own tensors (peak memory per rank near 1/N of one process).
 
     Returns:
         ``out`` shaped like q (and ``lse``): this rank's rows of the full-sequence attention.
@@ -136,7 +144,7 @@ def ring_attention(q, k, v, *, causal: bool = False, group=None, layout: str = "
                f"layout {layout!r} holds {per} equal chunks per rank")
     hk = k.shape[2]
     if head_chunks is None:
-        head_chunks = 2 if size > 1 and hk % 2 == 0 and algorithm == "ring" else 1
+        head_chunks = default_head_chunks(hk, size) if algorithm == "ring" else 1
     if isinstance(head_chunks, bool) or not isinstance(head_chunks, int) or head_chunks < 1 \
             or hk % head_chunks or (algorithm != "ring" and head_chunks != 1):
         raise arg_error(fn, "head_chunks", head_chunks,
