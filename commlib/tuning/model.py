@@ -20,6 +20,12 @@ non-power-of-two fold of commlib's doubling algorithms)::
     broadcast   binomial            L·(α + nβ)
     reduce      binomial            L·(α + nβ + nγ)
 
+For a group spanning hosts (``local`` ranks on each of ``h = p/local`` hosts), flat algorithms pay
+the inter-host link on every step, and::
+
+    all_reduce  hierarchical        RS_ring(local, n; intra) + min_alg AR_alg(h, n/local; inter)
+                                    + AG_ring(local, n; intra)
+
 These are the classic formulas of Thakur, Rabenseifner & Gropp (2005), written for the exact step
 structure of commlib's algorithms (``commlib/algorithms/``). The engine's own collective
 (``native``) is not modelled by a formula: it is priced from its measured curve (see
@@ -37,8 +43,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
-__all__ = ["LinkCost", "Curve", "Prediction", "register_cost", "cost_names", "predict",
-           "DEFAULT_LINKS"]
+__all__ = ["LinkCost", "Curve", "Prediction", "Table", "register_cost",
+           "register_hierarchical_cost", "cost_names", "predict", "DEFAULT_LINKS", "HOP_LATENCY_US",
+           "BASE_LATENCY_GPU"]
 
 
 @dataclass(frozen=True)
@@ -66,16 +73,22 @@ class LinkCost:
         return cls(latency_us * 1e-6, 1.0 / (gbytes_per_s * 1e9), gamma)
 
 
-# Defaults per link class, from published figures (../shared/reference/collectives.md §1.2, §1.4
-# and topology-and-overlap.md §1.3): NCCL's per-hop latencies (Simple protocol) and its effective
-# bandwidths per direction; reductions on a GPU are far faster than the links (γ ~ 0). ``shm`` is
-# CPU ranks on one host: replaced by the built-in probe or calibration, as the figures vary by
-# machine. ``net`` is a 100 Gb/s NIC (NCCL's NET_BW 12 GB/s).
+# Per-hop latency (α, µs) per link class: NCCL's ring hardware latencies for the LL protocol
+# (../shared/reference/collectives.md §1.2: NVLink 0.6, PCI 1.0, NET 2.7), which is what small
+# messages use; bandwidths come from the topology graph (NCCL's constants) and large messages use
+# the Simple protocol at that bandwidth. BASE_LATENCY_GPU is NCCL's ring base latency (LL, 6.6 µs),
+# paid once per collective. Reductions on a GPU run far faster than its links: γ = 0.
+HOP_LATENCY_US = {"NVL": 0.6, "NVB": 0.6, "C2C": 0.6, "PIX": 1.0, "PXB": 1.0, "PHB": 1.0,
+                  "NODE": 1.0, "SYS": 1.0, "NET": 2.7}
+BASE_LATENCY_GPU = 6.6e-6
+
+# Defaults when nothing is calibrated. ``shm``: CPU ranks on one host (MPICH's shared-memory path
+# measured on this machine kind: ~5 µs a step, ~6 GB/s single-thread copy,
+# ../shared/notes/intranode-measurements.md); the built-in probe refines β and γ. ``net``: a
+# 100 Gb/s NIC (NCCL's NET_BW, 12 GB/s).
 DEFAULT_LINKS: dict[str, LinkCost] = {
-    "nvlink": LinkCost.from_bandwidth(3.4, 370.0),   # H100 NVSwitch node, NCCL ring busbw
-    "pcie": LinkCost.from_bandwidth(5.7, 24.0),      # Gen4 x16
-    "net": LinkCost.from_bandwidth(14.0, 12.0),      # 100 Gb/s InfiniBand
-    "shm": LinkCost.from_bandwidth(2.0, 6.0, 6.0),   # CPU memory copy ~6 GB/s single thread
+    "shm": LinkCost.from_bandwidth(5.0, 6.0, 6.0),
+    "net": LinkCost.from_bandwidth(HOP_LATENCY_US["NET"], 12.0),
 }
 
 
@@ -119,15 +132,18 @@ CostFn = Callable[[int, float, LinkCost], float]  # (p, nbytes, link) -> seconds
 _COSTS: dict[str, dict[str, CostFn]] = {}
 
 
-def register_cost(name: str, *collectives: str):
-    """Register ``fn(p, nbytes, link) -> seconds`` as the cost of algorithm ``name``."""
-
-    def deco(fn: CostFn) -> CostFn:
+def _registrar(registry: dict, name: str, collectives: tuple[str, ...]):
+    def deco(fn):
         for c in collectives:
-            _COSTS.setdefault(c, {})[name] = fn
+            registry.setdefault(c, {})[name] = fn
         return fn
 
     return deco
+
+
+def register_cost(name: str, *collectives: str):
+    """Register ``fn(p, nbytes, link) -> seconds`` as the cost of algorithm ``name``."""
+    return _registrar(_COSTS, name, collectives)
 
 
 def cost_names(collective: str) -> list[str]:
@@ -207,11 +223,48 @@ def _binomial_reduce(p, n, c):
 
 @dataclass
 class Table:
-    """What the model knows about one group: its link cost and measured native curves per
-    collective (from calibration)."""
+    """What the model knows about one group.
+
+    ``link``: the cost of a step between ranks of one host (intra-host class). For a group that
+    spans hosts, ``local`` ranks per host and ``inter``, the cost of a step between hosts: flat
+    algorithms then pay ``inter`` on every step (a step ends with its slowest hop), while
+    ``hierarchical`` pays each stage on its own class (the inter-host stage on ``shard_inter``).
+    ``base``: a fixed cost per collective (kernel launch, call overhead). ``native``: measured
+    curves of the engine's collectives."""
 
     link: LinkCost
     native: dict[str, Curve] = field(default_factory=dict)
+    local: int | None = None
+    inter: LinkCost | None = None
+    base: float = 0.0
+    #: The hierarchical inter-host stage: the link one rank's shard crosses hosts on, while every
+    #: local rank's shard crosses at once (shards share the hosts' NICs). Default: ``inter``.
+    shard_inter: LinkCost | None = None
+
+    def flat_link(self, p: int) -> LinkCost:
+        spans = self.inter is not None and self.local is not None and self.local < p
+        return self.inter if spans else self.link
+
+
+# Hierarchical (two-level) algorithms: (p, local, nbytes, intra, inter) -> seconds. Only groups
+# that span hosts with more than one rank per host can run them.
+HierCostFn = Callable[[int, int, float, LinkCost, LinkCost], float]
+_HIER: dict[str, dict[str, HierCostFn]] = {}
+
+
+def register_hierarchical_cost(name: str, *collectives: str):
+    """Register ``fn(p, local, nbytes, intra, inter) -> seconds`` for algorithm ``name``."""
+    return _registrar(_HIER, name, collectives)
+
+
+@register_hierarchical_cost("hierarchical", "all_reduce")
+def _hier_all_reduce(p, local, n, intra, inter):
+    """Intra-host ring reduce-scatter, then an all-reduce of each rank's 1/local shard among the
+    p/local ranks holding the same shard on other hosts (all shards at once, each with the
+    cheapest flat algorithm for its size), then the intra-host all-gather."""
+    hosts = p // local
+    across = min(fn(hosts, n / local, inter) for fn in _COSTS["all_reduce"].values())
+    return _ring_reduce_scatter(local, n, intra) + across + _ring_all_gather(local, n, intra)
 
 
 def predict(collective: str, nbytes: int, p: int, table: Table,
@@ -221,9 +274,16 @@ def predict(collective: str, nbytes: int, p: int, table: Table,
     curve, else as the cheapest formula."""
     if p <= 1:
         return [Prediction("native", 0.0, "formula")]
-    out = [Prediction(name, fn(p, nbytes, table.link), "formula")
+    link = table.flat_link(p)
+    out = [Prediction(name, table.base + fn(p, nbytes, link), "formula")
            for name, fn in sorted(_COSTS.get(collective, {}).items())
            if eligible is None or name in eligible]
+    local = table.local
+    if table.inter is not None and local is not None and 1 < local < p and p % local == 0:
+        shard = table.shard_inter or table.inter
+        out += [Prediction(name, table.base + fn(p, local, nbytes, table.link, shard), "formula")
+                for name, fn in sorted(_HIER.get(collective, {}).items())
+                if eligible is None or name in eligible]
     if eligible is None or "native" in eligible:
         curve = table.native.get(collective)
         if curve is not None:
