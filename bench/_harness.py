@@ -46,11 +46,17 @@ from commlib.ops import ReduceOp, resolve_op
 torch.set_num_threads(1)
 
 IMPLS = ("commlib", "mpi4py", "gloo")
+# --compare also times these, side by side: commlib forced onto the engine's own collective
+# (algorithm "native": the reference where MPI cannot reduce the dtype, e.g. bfloat16), and a
+# plain copy of the same number of bytes on every rank at once (the memory-bandwidth bound).
+EXTRA = ("engine", "memcpy")
 
 # What --compare aims at (the intra-node issue's goals), printed as PASS/MISS after the table.
-GOAL_SMALL_BYTES, GOAL_SMALL_EXTRA_US = 8, 5.0          # commlib - mpi4py at 8 B
-GOAL_MID_RANGE, GOAL_MID_RATIO = (64 << 10, 64 << 20), 1.10  # commlib / mpi4py in this range
-GOAL_GLOO_BELOW, GOAL_GLOO_RATIO = 1 << 20, 5.0         # gloo / commlib below 1 MiB
+# The reference is mpi4py, or commlib's engine path where mpi4py cannot run the dtype.
+GOAL_LATENCY_RANGE, GOAL_LATENCY_RATIO = (8, 64 << 10), 0.7   # commlib / MPI time
+GOAL_BW_RANGE, GOAL_BW_RATIO = (1 << 20, 256 << 20), 1.5      # commlib / MPI algbw
+GOAL_BOUND_FROM, GOAL_BOUND_SHARE = 16 << 20, 0.5             # commlib algbw / memcpy bound
+GOAL_GLOO_UPTO, GOAL_GLOO_RATIO = 1 << 20, 20.0               # gloo / commlib time
 
 
 # ----- dtypes ------------------------------------------------------------------------------
@@ -407,7 +413,27 @@ def check(b: Bench, bufs: dict, in_place: bool, impl: str, fn: Callable, count: 
     return b.comm.allreduce(b.count_wrong(got, want), op=MPI.SUM)
 
 
+def _memcpy(b: Bench, nbytes: int) -> Callable:
+    """Every rank copies ``nbytes`` between two private buffers (torch, one thread): the
+    bandwidth of memory when all ranks move data at once. An all-reduce must read every input
+    and write every output at least once (an all-gather too), which is what this copy does, so
+    ``nbytes / time`` bounds their algbw."""
+    src = torch.ones(max(1, nbytes), dtype=torch.uint8)
+    dst = torch.zeros_like(src)
+    call = functools.partial(dst.copy_, src)
+    call.check = lambda: int((dst != src).sum())
+    return call
+
+
 def bind(b: Bench, impl: str, bufs: dict, in_place: bool) -> Callable | None:
+    if impl == "engine":  # commlib on the engine's own collective (the pre-shm path)
+        if b.coll.algo_name is None:
+            return None
+        saved, b.ckw = b.ckw, {"algorithm": "native"}
+        try:
+            return b.coll.commlib(b, bufs, in_place)
+        finally:
+            b.ckw = saved
     if impl == "mpi4py" and not b.mpi_ok():
         return None
     if impl == "gloo" and (b.dist is None or (b.coll.reduces and b.dist_op is None)):
@@ -482,7 +508,8 @@ TABLE_HEAD = [
 COMPARE_HEAD = [
     f"# {'size':>10} {'count':>12} | {'commlib µs':>11} | {'mpi4py µs':>11} | {'gloo µs':>11} | "
     f"{'commlib-mpi4py (µs)':>19} | {'commlib/mpi4py':>14} | {'gloo/commlib':>12} | "
-    f"{'#wrong c/m/g':>12}",
+    f"{'#wrong c/m/g':>12} | {'engine µs':>10} | {'commlib/engine':>14} | {'memcpy GB/s':>11} | "
+    f"{'% of bound':>10}",
 ]
 
 
@@ -557,8 +584,9 @@ def run_compare(b: Bench, sizes: list[int], out: Callable) -> dict:
         nbytes, count = coll.counts(req, item, b.size)
         bufs = coll.alloc(b, count, in_place)
         coll.init(b, bufs, in_place)
-        fns = {impl: bind(b, impl, bufs, in_place) for impl in IMPLS}
-        live = [impl for impl in IMPLS if fns[impl] is not None]
+        fns = {impl: bind(b, impl, bufs, in_place) for impl in IMPLS + EXTRA[:1]}
+        fns["memcpy"] = _memcpy(b, nbytes)
+        live = [impl for impl in IMPLS + EXTRA if fns[impl] is not None]
         per_call = max(warm_up(b, fns[impl]) for impl in live)
         iters = iterations(b, per_call)
         samples: dict[str, list[float]] = {impl: [] for impl in live}
@@ -575,24 +603,31 @@ def run_compare(b: Bench, sizes: list[int], out: Callable) -> dict:
                 _loop(fns[impl], settle)
                 samples[impl].append(timed(b, fns[impl], iters)[0] * 1e6)
         res = {}
-        for impl in IMPLS:
+        for impl in IMPLS + EXTRA:
             if impl not in samples:
-                res[impl] = None
+                if impl in IMPLS:
+                    res[impl] = None
                 continue
             med = statistics.median(samples[impl])
             algbw, busbw = _bw_pair(b, nbytes, med / 1e6)
-            wrong = check(b, bufs, in_place, impl, fns[impl], count) if a.check else None
+            if impl == "memcpy":
+                wrong = b.comm.allreduce(fns[impl].check(), op=MPI.SUM) if a.check else None
+            else:
+                wrong = check(b, bufs, in_place, impl, fns[impl], count) if a.check else None
             wrong_total += wrong or 0
             res[impl] = {"median_us": med, "rounds_us": samples[impl], "algbw": algbw,
                          "busbw": busbw, "wrong": wrong}
         del bufs
-        c, m, g = (res[x]["median_us"] if res[x] else None for x in IMPLS)
+        c, m, g, e, mc = (res[x]["median_us"] if res.get(x) else None for x in IMPLS + EXTRA)
         row = {"size": nbytes, "count": count, "type": a.dtype_name, "redop": a.op_name,
                "root": b.root, "placement": "in_place" if in_place else "out_of_place",
                "iters": iters, "impls": res,
                "commlib_minus_mpi4py_us": c - m if c is not None and m is not None else None,
                "commlib_over_mpi4py": c / m if c is not None and m is not None else None,
-               "gloo_over_commlib": g / c if c is not None and g is not None else None}
+               "gloo_over_commlib": g / c if c is not None and g is not None else None,
+               "commlib_over_engine": c / e if c is not None and e is not None else None,
+               "memcpy_GBps": res["memcpy"]["algbw"] if res.get("memcpy") else None,
+               "share_of_bound": mc / c if c is not None and mc is not None else None}
         rows.append(row)
         wrongs = "/".join("-" if res[x] is None or res[x]["wrong"] is None else str(res[x]["wrong"])
                           for x in IMPLS)
@@ -602,7 +637,9 @@ def run_compare(b: Bench, sizes: list[int], out: Callable) -> dict:
         out(f"  {nbytes:>10} {count:>12} | {_t(c):>11} | {_t(m):>11} | {_t(g):>11} | "
             f"{'n/a' if diff is None else f'{diff:+.2f}':>19} | "
             f"{'n/a' if ratio is None else f'{ratio:.3f}':>14} | "
-            f"{'n/a' if gloo is None else f'{gloo:.1f}':>12} | {wrongs:>12}")
+            f"{'n/a' if gloo is None else f'{gloo:.1f}':>12} | {wrongs:>12} | {_t(e):>10} | "
+            f"{'n/a' if e is None else f'{c / e:.3f}':>14} | {_bw(row['memcpy_GBps']):>11} | "
+            f"{'n/a' if mc is None else f'{100 * mc / c:.0f}%':>10}")
         progress.step(i, nbytes)
     out(f"# Out of bounds values : {wrong_total} {'OK' if wrong_total == 0 else 'FAILED'}")
     goals = compare_goals(rows)
@@ -613,29 +650,45 @@ def run_compare(b: Bench, sizes: list[int], out: Callable) -> dict:
 
 
 def compare_goals(rows: list[dict]) -> list[str]:
-    """PASS/MISS lines for the intra-node goals, over the sizes that were measured."""
+    """PASS/MISS lines for the intra-node goals over the sizes measured. The reference is
+    mpi4py, or commlib's engine path where mpi4py cannot run (bfloat16)."""
+    def ref(r):
+        m = r["impls"].get("mpi4py")
+        return ("mpi4py", m) if m else ("engine", r["impls"].get("engine"))
+
+    def ratio(r):  # commlib time / reference time
+        name, x = ref(r)
+        c = r["impls"].get("commlib")
+        return (c["median_us"] / x["median_us"], name) if c and x else (None, name)
+
     lines = []
-    small = [r for r in rows if r["size"] == GOAL_SMALL_BYTES and r["commlib_minus_mpi4py_us"]
-             is not None]
-    if small:
-        d = small[0]["commlib_minus_mpi4py_us"]
-        lines.append(f"# goal: commlib - mpi4py at {GOAL_SMALL_BYTES} B <= {GOAL_SMALL_EXTRA_US:g}"
-                     f" µs: {d:+.2f} µs {'PASS' if d <= GOAL_SMALL_EXTRA_US else 'MISS'}")
-    lo, hi = GOAL_MID_RANGE
-    mid = [r for r in rows if lo <= r["size"] <= hi and r["commlib_over_mpi4py"] is not None]
-    if mid:
-        worst = max(mid, key=lambda r: r["commlib_over_mpi4py"])
-        w = worst["commlib_over_mpi4py"]
-        lines.append(f"# goal: commlib/mpi4py <= {GOAL_MID_RATIO:.2f} from {fmt_bytes(lo)} to "
-                     f"{fmt_bytes(hi)}: worst {w:.3f} at {fmt_bytes(worst['size'])} "
-                     f"{'PASS' if w <= GOAL_MID_RATIO else 'MISS'}")
-    below = [r for r in rows if r["size"] < GOAL_GLOO_BELOW and r["gloo_over_commlib"] is not None]
-    if below:
-        worst = min(below, key=lambda r: r["gloo_over_commlib"])
-        w = worst["gloo_over_commlib"]
-        lines.append(f"# goal: gloo/commlib >= {GOAL_GLOO_RATIO:g} below "
-                     f"{fmt_bytes(GOAL_GLOO_BELOW)}: worst {w:.1f} at {fmt_bytes(worst['size'])} "
-                     f"{'PASS' if w >= GOAL_GLOO_RATIO else 'MISS'}")
+
+    def verdict(what, items, key, ok, fmt):
+        items = [i for i in items if key(i) is not None]
+        if not items:
+            return
+        worst = max(items, key=lambda i: key(i)) if fmt[1] == "max" else min(items, key=key)
+        w = key(worst)
+        lines.append(f"# goal: {what}: worst {fmt[0].format(w)} at {fmt_bytes(worst['size'])} "
+                     f"{'PASS' if ok(w) else 'MISS'}")
+
+    lo, hi = GOAL_LATENCY_RANGE
+    small = [r for r in rows if lo <= r["size"] <= hi]
+    name = ref(rows[0])[0] if rows else "mpi4py"
+    verdict(f"commlib/{name} time <= {GOAL_LATENCY_RATIO} from {fmt_bytes(lo)} to {fmt_bytes(hi)}",
+            small, lambda r: ratio(r)[0], lambda w: w <= GOAL_LATENCY_RATIO, ("{:.3f}", "max"))
+    lo, hi = GOAL_BW_RANGE
+    big = [r for r in rows if lo <= r["size"] <= hi]
+    verdict(f"commlib/{name} algbw >= {GOAL_BW_RATIO} from {fmt_bytes(lo)} to {fmt_bytes(hi)}",
+            big, lambda r: None if ratio(r)[0] is None else 1 / ratio(r)[0],
+            lambda w: w >= GOAL_BW_RATIO, ("{:.2f}", "min"))
+    bound = [r for r in rows if r["size"] >= GOAL_BOUND_FROM]
+    verdict(f"commlib algbw >= {GOAL_BOUND_SHARE:.0%} of the memcpy bound from "
+            f"{fmt_bytes(GOAL_BOUND_FROM)}", bound, lambda r: r.get("share_of_bound"),
+            lambda w: w >= GOAL_BOUND_SHARE, ("{:.0%}", "min"))
+    upto = [r for r in rows if r["size"] <= GOAL_GLOO_UPTO]
+    verdict(f"gloo/commlib time >= {GOAL_GLOO_RATIO:g} up to {fmt_bytes(GOAL_GLOO_UPTO)}", upto,
+            lambda r: r["gloo_over_commlib"], lambda w: w >= GOAL_GLOO_RATIO, ("{:.1f}", "min"))
     return lines
 
 

@@ -71,6 +71,7 @@ def _attach_shm(group: "Group"):
     seg = shm.attach(group)
     if seg is not None:
         group.backend.shm = seg  # algorithms reach it through their ctx.backend
+        group.backend.shm_group = group
     return seg
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from ..backends.shm import DTYPE_CODES, KIND, OP_CODES, run_op
+from ..backends.shm import DTYPE_CODES, KIND, OP_CODES, check_usable, run_op
 from ..ops import ReduceOp
 from . import native, register_algorithm
 
@@ -34,14 +34,17 @@ _SUM = OP_CODES[ReduceOp.SUM]
 _U8 = DTYPE_CODES[torch.uint8]
 
 
-def _segment(ctx, t):
+def _segment(ctx, t, name: str):
     """The group's segment, or None: no segment, or a CUDA buffer (cuda_ipc's business)."""
     seg = getattr(ctx.backend, "shm", None)
-    return None if seg is None or t.is_cuda else seg
+    if seg is None or t.is_cuda:
+        return None
+    check_usable(ctx.backend, name)
+    return seg
 
 
 def _reduction(ctx, kind: str, out, inp, count: int, name: str):
-    seg = _segment(ctx, out)
+    seg = _segment(ctx, out, name)
     if seg is None:  # a group without a segment (one rank, several hosts): the engine's own
         fallback = native.reduce_scatter if kind == "reduce_scatter" else native.all_reduce
         return fallback(ctx, out, inp) if kind == "reduce_scatter" else fallback(ctx, out)
@@ -66,7 +69,7 @@ def _all_reduce(kind: str):
         """A pre-bound C call for repeated blocking all-reduces of ``buf`` (commlib/_plans.py).
         It holds the buffer's address, never the tensor."""
         seg = getattr(backend, "shm", None)
-        if not blocking or seg is None or buf.is_cuda:
+        if not blocking or seg is None or seg.closed or buf.is_cuda:
             return None
         return seg.op(KIND[kind], buf.data_ptr(), buf.data_ptr(), buf.numel(),
                       DTYPE_CODES[buf.dtype], OP_CODES[op], 0, 0)
@@ -95,7 +98,7 @@ def _bytes(t):
 
 @register_algorithm("shm", "all_gather")
 def all_gather(ctx, out, inp):
-    seg = _segment(ctx, out)
+    seg = _segment(ctx, out, "all_gather_into_tensor")
     if seg is None:
         return native.all_gather(ctx, out, inp)
     src, dst = _bytes(inp), _bytes(out)
@@ -105,7 +108,7 @@ def all_gather(ctx, out, inp):
 
 @register_algorithm("shm", "broadcast")
 def broadcast(ctx, buf, root):
-    seg = _segment(ctx, buf)
+    seg = _segment(ctx, buf, "broadcast")
     if seg is None:
         return native.broadcast(ctx, buf, root)
     b = _bytes(buf)

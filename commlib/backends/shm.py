@@ -26,11 +26,11 @@ import uuid
 import torch
 
 from .. import config
-from ..errors import CommBackendError
+from ..errors import CommBackendError, CommStateError
 from ..ops import ReduceOp
 
 __all__ = ["available", "why_unavailable", "attach", "KIND", "DTYPE_CODES", "OP_CODES",
-           "run_op", "default_spin"]
+           "run_op", "check_usable", "default_spin"]
 
 log = logging.getLogger("commlib")
 
@@ -143,6 +143,14 @@ def attach(group):
     log.info("group %s: shared-memory segment of %d bytes (%d ranks x 2 x %d), spin %d",
              group.name, seg.nbytes, group.size, slot, spin)
     return seg
+
+
+def check_usable(backend, name: str) -> None:
+    """Raise CommStateError for a group that cannot run operations any more (finalized, or an
+    earlier timeout), as commlib._progress.start does, before anything touches the segment."""
+    group = getattr(backend, "shm_group", None)
+    if group is not None and group.broken is not None:
+        raise CommStateError(f"commlib.{name}: group {group.name!r} is unusable: {group.broken}.")
 
 
 def run_op(ctx, seg, op, name: str):
