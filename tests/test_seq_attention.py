@@ -1,0 +1,101 @@
+"""Sequence-parallel attention (commlib.nn): the ring plan in this process, then the multi-rank
+cases of tests/mpi/seq_attention.py on real ranks (mpiexec at world sizes 1-4, gloo through
+torchrun at 2 and 3), and the example LM against its one-process run. Every spawned job has a
+hard timeout (a deadlock fails the test)."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+
+from conftest import ROOT, base_env, run_cmd, run_mpi
+
+from commlib.nn._plan import plan_ring
+
+CASES = ["case_errors", "case_float64", "case_low_precision", "case_module", "case_ring_matrix",
+         "case_ring_odd_lengths", "case_shard_roundtrip", "case_ulysses"]
+
+
+def _visible_pairs(plan, chunk=1):
+    """Query-key pairs the plan computes: causal calls count their lower triangle."""
+    total = 0
+    for step in plan.steps:
+        for c in step.calls:
+            rows, cols = (c.q1 - c.q0) * chunk, (c.k1 - c.k0) * chunk
+            total += rows * (rows + 1) // 2 if c.causal else rows * cols
+    return total
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8])
+def test_zigzag_plan_balanced_and_exact(n):
+    """Causal zigzag: every rank computes the same number of query-key pairs, and together they
+    cover exactly the causal triangle (each pair once); the contiguous layout is unbalanced."""
+    chunk = 6  # tokens per chunk
+    s = 2 * n * chunk
+    work = [_visible_pairs(plan_ring(r, n, True, "zigzag"), chunk) for r in range(n)]
+    assert len(set(work)) == 1, work
+    assert sum(work) == s * (s + 1) // 2
+    for r in range(n):
+        plan = plan_ring(r, n, True, "zigzag")
+        assert len(plan.steps) == n and plan.kv_transfers == n - 1
+        assert all(len(step.calls) == 1 for step in plan.steps), str(plan)  # one kernel call a step
+        assert (plan.send_to, plan.recv_from) == ((r + 1) % n, (r - 1) % n)
+    contiguous = [_visible_pairs(plan_ring(r, n, True, "contiguous"), 2 * chunk) for r in range(n)]
+    assert sum(contiguous) == s * (s + 1) // 2
+    if n > 1:
+        assert contiguous[-1] > contiguous[0]
+
+
+@pytest.mark.timeout(30)
+def test_plan_is_printable():
+    text = str(plan_ring(1, 3, True, "zigzag"))
+    assert "step 0: block of rank 1: q[0:2]xk[0:2] causal" in text
+    assert "step 1: block of rank 0: q[0:2]xk[0:1]" in text
+    assert "step 2: block of rank 2: q[1:2]xk[0:2]" in text
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_seq_attention_mpi(n):
+    """out, lse, dq, dk, dv vs SDPA on the full sequence, message counts, errors, module, on mpi."""
+    out = run_mpi(n, "seq_attention.py", *CASES, timeout=140).stdout
+    for case in CASES:
+        assert f"ok {case} (world size {n})" in out, out
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("n", [2, 3])
+def test_seq_attention_gloo(n):
+    """The same cases over torch.distributed gloo (torchrun launch)."""
+    env = base_env(GLOO_SOCKET_IFNAME="lo", PYTHONWARNINGS="ignore")
+    cases = ["case_ring_matrix", "case_ulysses", "case_shard_roundtrip", "case_module"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
+           str(ROOT / "tests" / "mpi" / "seq_attention.py"), *cases]
+    out = run_cmd(cmd, timeout=140, env=env).stdout
+    for case in cases:
+        assert f"ok {case} (world size {n})" in out, out
+
+
+def _losses(text):
+    return [float(x) for x in re.findall(r"step \d+ loss (\S+)", text)]
+
+
+@pytest.mark.timeout(150)
+def test_example_lm_matches_one_process():
+    """examples/seq_parallel_lm.py: sequence-parallel training on 2 and 3 mpi ranks gives the
+    one-process losses step for step."""
+    script = str(ROOT / "examples" / "seq_parallel_lm.py")
+    args = ["--steps", "6"]
+    ref = _losses(run_cmd([sys.executable, script, *args, "--reference"], timeout=60).stdout)
+    assert len(ref) == 6 and ref[-1] < ref[0]
+    for n in (2, 3):
+        from conftest import mpiexec_path
+
+        got = _losses(run_cmd([mpiexec_path(), "-n", str(n), sys.executable, script, *args],
+                              timeout=60).stdout)
+        assert len(got) == 6
+        for i, (a, b) in enumerate(zip(got, ref)):
+            assert abs(a - b) <= 1e-5 * abs(b), (n, i, got, ref)
