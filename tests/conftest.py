@@ -61,6 +61,20 @@ def run_mpi(n: int, script: str, *args: str, timeout: float = 180, check: bool =
     return run_cmd(cmd, timeout=timeout, env=base_env(**env), check=check)
 
 
+def run_mpi_hosts(hosts: list[str], script: str, *args: str, timeout: float = 240,
+                  check: bool = True, **env):
+    """One rank per entry of ``hosts``, rank k on virtual host ``hosts[k]`` (``COMMLIB_TEST_HOST``,
+    given per rank with mpiexec's MPMD syntax), running ``tests/mpi/<script> args...``."""
+    exe = mpiexec_path()
+    if exe is None:
+        pytest.fail("mpiexec not found: install the 'mpich' extra (pip install mpich)")
+    cmd = [exe]
+    for k, host in enumerate(hosts):
+        cmd += ([":"] if k else []) + ["-n", "1", "-env", "COMMLIB_TEST_HOST", host, sys.executable,
+                                       str(MPI_DIR / script), *args]
+    return run_cmd(cmd, timeout=timeout, env=base_env(**env), check=check)
+
+
 @pytest.fixture
 def mpirun():
     return run_mpi

@@ -35,7 +35,8 @@ __all__ = ["Ctx", "register_algorithm", "get_algorithm", "algorithm_names", "COL
 COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all",
                "barrier")
 
-_MODULES = ("native", "ring", "recursive_doubling", "rabenseifner", "binomial", "shm")
+_MODULES = ("native", "ring", "recursive_doubling", "rabenseifner", "binomial", "shm",
+            "hierarchical")
 
 _REGISTRY: dict[str, dict[str, Callable]] = {c: {} for c in COLLECTIVES}
 
