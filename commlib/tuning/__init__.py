@@ -31,8 +31,10 @@ THRESHOLD_TABLE: dict[tuple[str, str], tuple[str, str]] = {
 # Groups with a shared-memory segment (all ranks on one host, commlib/backends/shm.py):
 # collective -> ((upper size bound in bytes, exclusive; algorithm), ...) for CPU tensors, checked
 # in order; sizes beyond the last bound use THRESHOLD_TABLE. Bounds are powers of two (select()
-# memoizes per power-of-two bucket). Measured with bench/*.py --compare
-# (see SHM_MEASUREMENTS below and docs/shm.md).
+# memoizes per power-of-two bucket). Measured with bench/all_reduce.py --compare (2 ranks, float32,
+# bench/results/all_reduce_shm_np2.txt): one-shot 0.2-0.4x MPI's time up to 32 KiB, two-shot
+# 0.55-0.77x from 256 KiB to 16 MiB. At 4 ranks on 2 cores (bench/results/all_reduce_shm_np4.txt)
+# shm wins up to 32 KiB and loses at 256 KiB and 16 MiB in that noisy run: not yet re-measured.
 SHM_TABLE: dict[str, tuple[tuple[int, str], ...]] = {
     "all_reduce": ((1 << 15, "shm_oneshot"), (1 << 40, "shm_twoshot")),
     "reduce_scatter": ((1 << 40, "shm"),),

@@ -19,7 +19,6 @@ from _harness import main
 from mpi4py import MPI
 
 import commlib
-from commlib.ops import ReduceOp
 
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 INTS = [torch.int8, torch.uint8, torch.int32, torch.int64]
