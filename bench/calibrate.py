@@ -10,8 +10,9 @@ count):
   algorithm's step runs), timed per step from 8 B to 16 MiB and fitted to ``t = α + n·β``; the
   measured step times are kept too, and the model prices steps from them;
 * γ, the local reduction cost: commlib's reduce kernel (float32 SUM) per byte, 1 to 16 MiB;
-* the engine's own collectives (``algorithm="native"``): all_reduce, all_gather, reduce_scatter
-  and broadcast from 8 B to 64 MiB, the curves the model prices ``native`` from.
+* curves of the algorithms no step formula describes well: the engine's own collectives
+  (``native``) and, where the group has a shared-memory segment, the ``shm*`` ones, for
+  all_reduce, all_gather, reduce_scatter and broadcast from 8 B to 64 MiB.
 
 Every value is the median over rounds of the slowest rank's mean. The result is merged into the
 tuning file (``COMMLIB_TUNING_FILE``, else the per-host cache; see commlib/tuning/calibration.py)
@@ -30,16 +31,18 @@ from mpi4py import MPI
 
 import commlib
 from commlib._progress import start
+from commlib.algorithms import algorithm_names
 from commlib.collectives import _ctx
 from commlib.kernels import reduce_
 from commlib.ops import ReduceOp
 from commlib.tuning.calibration import fit_alpha_beta, save_entry, tuning_path
-from commlib.tuning.model import Curve, LinkCost
+from commlib.tuning.model import SHM_ALGORITHMS, Curve, LinkCost
 
 torch.set_num_threads(1)
 
 P2P_SIZES = [8 << (3 * i) for i in range(8)]          # 8 B .. 16 MiB
 NATIVE_SIZES = [8 << (2 * i) for i in range(12)] + [64 << 20]  # 8 B .. 32 MiB, and 64 MiB
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 GAMMA_SIZES = [1 << 20, 4 << 20, 16 << 20]
 
 
@@ -93,23 +96,39 @@ def gamma(comm, target, rounds) -> float:
     return statistics.median(per_byte)
 
 
-def native_curves(comm, p, target, rounds) -> dict[str, dict[int, float]]:
-    curves: dict[str, dict[int, float]] = {c: {} for c in
-                                           ("all_reduce", "all_gather", "reduce_scatter", "broadcast")}
+def run(coll: str, full, part, algorithm: str) -> None:
+    """One call of ``coll`` on the calibration buffers (``full`` is the n-byte buffer)."""
+    if coll == "all_reduce":
+        commlib.all_reduce(full, algorithm=algorithm)
+    elif coll == "all_gather":
+        commlib.all_gather_into_tensor(full, part, algorithm=algorithm)
+    elif coll == "reduce_scatter":
+        commlib.reduce_scatter_tensor(part, full, algorithm=algorithm)
+    else:
+        commlib.broadcast(full, 0, algorithm=algorithm)
+
+
+def measured_algorithms(group, coll: str) -> list[str]:
+    """The algorithms calibration measures curves of: the engine's own, and the shared-memory
+    ones where the group has a segment (no step formula describes either well)."""
+    names = ["native"]
+    if getattr(group, "shm", None) is not None:
+        names += [a for a in algorithm_names(coll) if a in SHM_ALGORITHMS]
+    return names
+
+
+def curves(group, comm, p, target, rounds) -> dict[str, dict[str, dict[int, float]]]:
+    out: dict[str, dict[str, dict[int, float]]] = {}
+    for coll in COLLECTIVES:
+        out[coll] = {a: {} for a in measured_algorithms(group, coll)}
     for nbytes in NATIVE_SIZES:
         count = max(p, nbytes // 4 // p * p)  # float32 elements, divisible by the group size
-        full = torch.ones(count)
-        part = torch.ones(count // p)
-        size = count * 4
-        calls = {
-            "all_reduce": lambda f=full: commlib.all_reduce(f, algorithm="native"),
-            "all_gather": lambda f=full, q=part: commlib.all_gather_into_tensor(f, q, algorithm="native"),
-            "reduce_scatter": lambda f=full, q=part: commlib.reduce_scatter_tensor(q, f, algorithm="native"),
-            "broadcast": lambda f=full: commlib.broadcast(f, 0, algorithm="native"),
-        }
-        for name, call in calls.items():
-            curves[name][size] = measure(call, comm, target, rounds)
-    return curves
+        full, part = torch.ones(count), torch.ones(count // p)
+        for coll, algos in out.items():
+            for a, pts in algos.items():
+                pts[count * 4] = measure(lambda c=coll, a=a, f=full, q=part: run(c, f, q, a), comm,
+                                         target, rounds)
+    return out
 
 
 def main(argv=None) -> int:
@@ -128,21 +147,21 @@ def main(argv=None) -> int:
     points = p2p_points(group, comm, target, rounds) if p > 1 else {8: 0.0, 16: 0.0}
     alpha, beta = fit_alpha_beta(points) if p > 1 else (0.0, 0.0)
     g = gamma(comm, target, rounds)
-    native = native_curves(comm, p, target, rounds) if p > 1 else {}
+    measured = curves(group, comm, p, target, rounds) if p > 1 else {}
     if rank == 0:
         link = LinkCost(alpha, beta, g, Curve(points) if p > 1 else None)
-        save_entry(out, group.backend.name, p, {"shm": link}, native)
+        save_entry(out, group.backend.name, p, {"shm": link}, measured)
         print(f"# commlib calibration: backend {group.backend.name}, {p} ranks -> {out}")
         print(f"# link shm: alpha {alpha * 1e6:.2f} us, beta {1 / beta / 1e9 if beta else float('inf'):.2f} GB/s, "
               f"gamma (reduce) {1 / g / 1e9:.2f} GB/s")
         print("#      bytes   step us   fit us")
         for n, t in points.items():
             print(f"{n:12d} {t * 1e6:9.2f} {(alpha + n * beta) * 1e6:8.2f}")
-        if native:
-            names = list(native)
-            print("#      bytes " + " ".join(f"{c:>15}" for c in names) + "   (native, us)")
-            for n in next(iter(native.values())):
-                print(f"{n:12d} " + " ".join(f"{native[c][n] * 1e6:15.2f}" for c in names))
+        if measured:
+            cols = [(c, a) for c, algos in measured.items() for a in algos]
+            print("#      bytes " + " ".join(f"{c + ':' + a:>26}" for c, a in cols) + "   (us)")
+            for n in measured["all_reduce"]["native"]:
+                print(f"{n:12d} " + " ".join(f"{measured[c][a][n] * 1e6:26.2f}" for c, a in cols))
     commlib.finalize()
     return 0
 

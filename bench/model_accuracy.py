@@ -31,26 +31,12 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 PREDICT_TOL, SELECT_TOL = 0.25, 0.10
 
 
-def run(coll: str, full, part, algorithm: str) -> None:
-    """One call of ``coll`` on the benchmark's buffers (``full``: the n-byte buffer)."""
-    import commlib
-
-    if coll == "all_reduce":
-        commlib.all_reduce(full, algorithm=algorithm)
-    elif coll == "all_gather":
-        commlib.all_gather_into_tensor(full, part, algorithm=algorithm)
-    elif coll == "reduce_scatter":
-        commlib.reduce_scatter_tensor(part, full, algorithm=algorithm)
-    else:
-        commlib.broadcast(full, 0, algorithm=algorithm)
-
-
 def worker(args) -> int:
     import torch
     from mpi4py import MPI
 
     import commlib
-    from calibrate import measure
+    from calibrate import measure, run
     from commlib.algorithms import algorithm_names, get_algorithm
     from commlib.tuning import select
     from commlib.tuning.calibration import load, table_for

@@ -24,14 +24,14 @@ def test_fit_recovers_a_line():
 def test_entries_merge_and_the_nearest_size_serves(tmp_path):
     path = tmp_path / "t.json"
     save_entry(path, "mpi", 2, {"shm": LinkCost(1e-6, 1e-9, 1e-10)},
-               {"all_reduce": {8: 2e-6, 1024: 3e-6}})
+               {"all_reduce": {"native": {8: 2e-6, 1024: 3e-6}}})
     save_entry(path, "mpi", 4, {"shm": LinkCost(4e-6, 2e-9, 1e-10)}, {})
     doc = load(path)
     assert doc["format"] == FORMAT and sorted(doc["groups"]) == ["mpi/2", "mpi/4"]
     two = table_for(doc, "mpi", 2)
-    assert two.link.alpha == 1e-6 and two.native["all_reduce"](1024) == 3e-6
-    three = table_for(doc, "mpi", 3)  # nearest is 2 (ties go to the smaller): no native curve
-    assert three.link.alpha == 1e-6 and three.native == {}
+    assert two.link.alpha == 1e-6 and two.curves["all_reduce"]["native"](1024) == 3e-6
+    three = table_for(doc, "mpi", 3)  # nearest is 2 (ties go to the smaller): no measured curve
+    assert three.link.alpha == 1e-6 and three.curves == {}
     assert table_for(doc, "torch", 2) is None and table_for(None, "mpi", 2) is None
     native = [x for x in predict("all_reduce", 1024, 2, two) if x.algorithm == "native"][0]
     assert native.how == "measured"
@@ -64,7 +64,11 @@ def test_calibrate_writes_a_file_the_model_reads(tmp_path):
     table = table_for(load(out), "mpi", 2)
     assert table.link.alpha > 0 and table.link.beta > 0 and table.link.gamma > 0
     assert table.link.curve is not None
-    assert set(table.native) == {"all_reduce", "all_gather", "reduce_scatter", "broadcast"}
-    # measured times grow with size: 64 MiB takes longer than 8 B for every collective
-    for curve in table.native.values():
-        assert curve(64 << 20) > 10 * curve(8)
+    assert set(table.curves) == {"all_reduce", "all_gather", "reduce_scatter", "broadcast"}
+    # the engine's curves, and the shared-memory ones (2 ranks on this host have a segment)
+    assert set(table.curves["all_reduce"]) == {"native", "shm_oneshot", "shm_twoshot"}
+    assert set(table.curves["broadcast"]) == {"native", "shm"}
+    # measured times grow with size: 64 MiB takes longer than 8 B for every one
+    for algos in table.curves.values():
+        for curve in algos.values():
+            assert curve(64 << 20) > 10 * curve(8)

@@ -49,12 +49,33 @@ def test_predictions_are_sorted_and_native_falls_back_to_the_best_formula():
     assert [p.seconds for p in preds] == sorted(p.seconds for p in preds)
     native = [p for p in preds if p.algorithm == "native"][0]
     assert native.how == "formula (recursive_doubling)"
-    assert set(cost_names("all_reduce")) == {"ring", "recursive_doubling", "rabenseifner", "binomial"}
+    assert set(cost_names("all_reduce")) == {"ring", "recursive_doubling", "rabenseifner", "binomial",
+                                             "shm_oneshot", "shm_twoshot"}
+    # shared-memory algorithms run only where a group has a segment: listed only when asked
+    assert not {p.algorithm for p in preds} & {"shm_oneshot", "shm_twoshot"}
+
+
+def test_shared_memory_formulas():
+    shm = LinkCost(alpha=1.0, beta=1e-3, gamma=1e-4)
+    t = {x.algorithm: x.seconds for x in
+         predict("all_reduce", N, 4, Table(shm), ["shm_oneshot", "shm_twoshot"])}
+    # one-shot: copy in, copy the first region out, reduce 3 more regions into it
+    assert t["shm_oneshot"] == pytest.approx(1 + 2 * 1.2 + 3 * 0.12)
+    # two-shot: two handshakes; copy in, write own reduced quarter, copy the 3 others out
+    assert t["shm_twoshot"] == pytest.approx(2 + (2 + 0.25) * 1.2 + 0.75 * 0.12)
+    bc = predict("broadcast", N, 4, Table(shm), ["shm"])[0]
+    assert bc.seconds == pytest.approx(1 + 2.4)
+
+
+def test_a_measured_curve_wins_over_the_formula():
+    table = Table(LINK, curves={"all_reduce": {"ring": Curve({8: 1e-6, 1 << 20: 1e-3})}})
+    ring = [p for p in predict("all_reduce", 8, 4, table) if p.algorithm == "ring"][0]
+    assert ring == ("ring", 1e-6, "measured")
 
 
 def test_native_uses_its_measured_curve():
     curve = Curve({8: 5e-6, 1024: 9e-6, 1 << 20: 500e-6})
-    table = Table(LINK, native={"all_reduce": curve})
+    table = Table(LINK, curves={"all_reduce": {"native": curve}})
     native = [p for p in predict("all_reduce", 1024, 2, table) if p.algorithm == "native"][0]
     assert native == ("native", 9e-6, "measured")
     # log-log interpolation: the geometric midpoint of sizes gets the geometric mean of times

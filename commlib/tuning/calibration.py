@@ -5,7 +5,8 @@ Layout (JSON)::
     {"format": "commlib-tuning/1", "host": "<host id>", "commlib": "0.1.0",
      "groups": {"mpi/2": {"links": {"shm": {"alpha": s, "beta": s_per_byte, "gamma": s_per_byte,
                                             "steps": {"8": s, ...}}},
-                          "native": {"all_reduce": {"8": s, "1024": s, ...}, ...},
+                          "curves": {"all_reduce": {"native": {"8": s, ...}, "shm_oneshot": {...}},
+                                     ...},
                           "measured": "2026-11-23T18:50:00Z"},
                 "mpi/4": {...}}}
 
@@ -70,8 +71,9 @@ def load(path: str | os.PathLike | None = None) -> dict | None:
 
 
 def save_entry(path: str | os.PathLike, backend: str, size: int, links: dict[str, LinkCost],
-               native: dict[str, dict[int, float]]) -> None:
-    """Merge the measurements of one (backend, group size) into the file at ``path``."""
+               curves: dict[str, dict[str, dict[int, float]]]) -> None:
+    """Merge the measurements of one (backend, group size) into the file at ``path``: link costs
+    by class, and measured curves ``{collective: {algorithm: {nbytes: seconds}}}``."""
     p = pathlib.Path(path)
     doc = _read(p) if p.exists() else {"format": FORMAT, "host": host_id(), "groups": {}}
     from .. import __version__
@@ -79,7 +81,8 @@ def save_entry(path: str | os.PathLike, backend: str, size: int, links: dict[str
     doc["commlib"] = __version__
     doc["groups"][f"{backend}/{size}"] = {
         "links": {k: _link_json(v) for k, v in links.items()},
-        "native": {c: {str(n): t for n, t in sorted(curve.items())} for c, curve in native.items()},
+        "curves": {c: {a: {str(n): t for n, t in sorted(pts.items())} for a, pts in algos.items()}
+                   for c, algos in curves.items()},
         "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     p.parent.mkdir(parents=True, exist_ok=True)
@@ -103,7 +106,7 @@ def _link(entry: dict) -> LinkCost:
 
 def table_for(doc: dict | None, backend: str, size: int, link_class: str = "shm") -> Table | None:
     """The model's :class:`Table` for a group of ``size`` ranks on ``backend``: the entry of that
-    size, else the nearest measured size of that backend (its native curves only when the size
+    size, else the nearest measured size of that backend (its measured curves only when the size
     matches, since engines change algorithm with the group size). None without a usable entry."""
     if not doc:
         return None
@@ -116,11 +119,12 @@ def table_for(doc: dict | None, backend: str, size: int, link_class: str = "shm"
     link = entry["links"].get(link_class)
     if link is None:
         return None
-    native = {}
+    curves: dict[str, dict[str, Curve]] = {}
     if nearest == size:
-        native = {c: Curve({int(n): t for n, t in pts.items()})
-                  for c, pts in entry.get("native", {}).items() if len(pts) >= 2}
-    return Table(_link(link), native)
+        for c, algos in entry.get("curves", {}).items():
+            curves[c] = {a: Curve({int(n): t for n, t in pts.items()})
+                         for a, pts in algos.items() if len(pts) >= 2}
+    return Table(_link(link), curves)
 
 
 def fit_alpha_beta(points: dict[int, float]) -> tuple[float, float]:

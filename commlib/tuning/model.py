@@ -43,7 +43,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
-__all__ = ["LinkCost", "Curve", "Prediction", "Table", "register_cost",
+__all__ = ["LinkCost", "Curve", "Prediction", "Table", "register_cost", "SHM_ALGORITHMS",
            "register_hierarchical_cost", "cost_names", "predict", "DEFAULT_LINKS", "HOP_LATENCY_US",
            "BASE_LATENCY_GPU"]
 
@@ -147,6 +147,7 @@ def register_cost(name: str, *collectives: str):
 
 
 def cost_names(collective: str) -> list[str]:
+    """Algorithms of ``collective`` with a single-level formula (shared-memory ones included)."""
     return sorted(_COSTS.get(collective, {}))
 
 
@@ -221,6 +222,40 @@ def _binomial_reduce(p, n, c):
     return _ceil_log2(p) * (c.step(n) + n * c.gamma)
 
 
+# Shared-memory algorithms (commlib/algorithms/shm.py) on one host, used when calibration has
+# not measured their curves: ``α`` is a flag handshake, ``β`` a copy's seconds per byte, ``γ`` a
+# read-and-reduce's. They run only where the group has a segment, so ``predict`` lists them only
+# when asked (``eligible``).
+SHM_ALGORITHMS = frozenset({"shm_oneshot", "shm_twoshot", "shm"})
+
+
+@register_cost("shm_oneshot", "all_reduce")
+def _shm_oneshot(p, n, c):
+    # copy in; reduce all p regions into the output (the first one copied)
+    return c.alpha + 2 * n * c.beta + (p - 1) * n * c.gamma
+
+
+@register_cost("shm_twoshot", "all_reduce")
+def _shm_twoshot(p, n, c):
+    # copy in; reduce own slice of all regions; copy every reduced slice out
+    return 2 * c.alpha + (2 + 1 / p) * n * c.beta + (p - 1) / p * n * c.gamma
+
+
+@register_cost("shm", "reduce_scatter")
+def _shm_reduce_scatter(p, n, c):
+    return c.alpha + (1 + 1 / p) * n * c.beta + (p - 1) / p * n * c.gamma
+
+
+@register_cost("shm", "all_gather")
+def _shm_all_gather(p, n, c):
+    return c.alpha + (1 + 1 / p) * n * c.beta
+
+
+@register_cost("shm", "broadcast")
+def _shm_broadcast(p, n, c):
+    return c.alpha + 2 * n * c.beta
+
+
 @dataclass
 class Table:
     """What the model knows about one group.
@@ -229,11 +264,13 @@ class Table:
     spans hosts, ``local`` ranks per host and ``inter``, the cost of a step between hosts: flat
     algorithms then pay ``inter`` on every step (a step ends with its slowest hop), while
     ``hierarchical`` pays each stage on its own class (the inter-host stage on ``shard_inter``).
-    ``base``: a fixed cost per collective (kernel launch, call overhead). ``native``: measured
-    curves of the engine's collectives."""
+    ``base``: a fixed cost per collective (kernel launch, call overhead). ``curves``: measured
+    time curves per collective and algorithm (calibration measures the engine's ``native`` ones
+    and the shared-memory ones: what no step formula describes well); a measured curve wins over
+    the formula."""
 
     link: LinkCost
-    native: dict[str, Curve] = field(default_factory=dict)
+    curves: dict[str, dict[str, Curve]] = field(default_factory=dict)
     local: int | None = None
     inter: LinkCost | None = None
     base: float = 0.0
@@ -269,27 +306,39 @@ def _hier_all_reduce(p, local, n, intra, inter):
 
 def predict(collective: str, nbytes: int, p: int, table: Table,
             eligible: list[str] | None = None) -> list[Prediction]:
-    """Predicted time of every algorithm of ``collective`` (restricted to ``eligible`` when
-    given) for ``nbytes`` on ``p`` ranks, cheapest first. ``native`` is priced from its measured
-    curve, else as the cheapest formula."""
+    """Predicted time of each algorithm of ``collective`` (those in ``eligible`` when given; else
+    every algorithm with a formula, a measured curve, and ``native``) for ``nbytes`` on ``p``
+    ranks, cheapest first. A measured curve wins over a formula; ``native`` without a curve is
+    priced as the cheapest formula (engines run one of these algorithms)."""
     if p <= 1:
         return [Prediction("native", 0.0, "formula")]
     link = table.flat_link(p)
-    out = [Prediction(name, table.base + fn(p, nbytes, link), "formula")
-           for name, fn in sorted(_COSTS.get(collective, {}).items())
-           if eligible is None or name in eligible]
+    measured = table.curves.get(collective, {})
+    formulas = _COSTS.get(collective, {})
     local = table.local
-    if table.inter is not None and local is not None and 1 < local < p and p % local == 0:
-        shard = table.shard_inter or table.inter
-        out += [Prediction(name, table.base + fn(p, local, nbytes, table.link, shard), "formula")
-                for name, fn in sorted(_HIER.get(collective, {}).items())
-                if eligible is None or name in eligible]
-    if eligible is None or "native" in eligible:
-        curve = table.native.get(collective)
-        if curve is not None:
-            out.append(Prediction("native", curve(nbytes), "measured"))
-        elif out:
-            best = min(out, key=lambda x: x.seconds)
-            out.append(Prediction("native", best.seconds, f"formula ({best.algorithm})"))
+    two_level = table.inter is not None and local is not None and 1 < local < p and p % local == 0
+    hier = _HIER.get(collective, {}) if two_level else {}
+    if eligible is None:
+        names = (set(formulas) - SHM_ALGORITHMS) | set(hier) | set(measured) | {"native"}
+    else:
+        names = set(eligible)
+    out = []
+    for name in sorted(names - {"native"}):
+        if name in measured:
+            out.append(Prediction(name, measured[name](nbytes), "measured"))
+        elif name in formulas:
+            out.append(Prediction(name, table.base + formulas[name](p, nbytes, link), "formula"))
+        elif name in hier:
+            shard = table.shard_inter or table.inter
+            out.append(Prediction(name, table.base + hier[name](p, local, nbytes, table.link, shard),
+                                  "formula"))
+    if "native" in names:
+        if "native" in measured:
+            out.append(Prediction("native", measured["native"](nbytes), "measured"))
+        else:
+            flat = [x for x in out if x.how == "formula" and x.algorithm not in SHM_ALGORITHMS]
+            if flat:
+                cheapest = min(flat, key=lambda x: x.seconds)
+                out.append(Prediction("native", cheapest.seconds, f"formula ({cheapest.algorithm})"))
     out.sort(key=lambda x: (x.seconds, x.algorithm))
     return out
