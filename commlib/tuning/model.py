@@ -82,12 +82,15 @@ HOP_LATENCY_US = {"NVL": 0.6, "NVB": 0.6, "C2C": 0.6, "PIX": 1.0, "PXB": 1.0, "P
                   "NODE": 1.0, "SYS": 1.0, "NET": 2.7}
 BASE_LATENCY_GPU = 6.6e-6
 
-# Defaults when nothing is calibrated. ``shm``: CPU ranks on one host (MPICH's shared-memory path
-# measured on this machine kind: ~5 µs a step, ~6 GB/s single-thread copy,
-# ../shared/notes/intranode-measurements.md); the built-in probe refines β and γ. ``net``: a
-# 100 Gb/s NIC (NCCL's NET_BW, 12 GB/s).
+# Defaults when nothing is calibrated, for CPU ranks. ``shm``: a point-to-point step between ranks
+# of one host through the engine and commlib's step loop (measured on this machine kind: ~8 µs a
+# step, and about three single-thread copies per byte: MPICH's bounce buffer in and out, plus the
+# step's bookkeeping); ``shm_sync``: commlib's own shared-memory collectives (a flag handshake in
+# C, ~1 µs; one copy per byte). The built-in probe replaces the copy and reduce bandwidths by this
+# host's. ``net``: a 100 Gb/s NIC (NCCL's NET_BW, 12 GB/s).
 DEFAULT_LINKS: dict[str, LinkCost] = {
-    "shm": LinkCost.from_bandwidth(5.0, 6.0, 6.0),
+    "shm": LinkCost.from_bandwidth(8.0, 6.0 / 3, 6.0),
+    "shm_sync": LinkCost.from_bandwidth(1.0, 6.0, 6.0),
     "net": LinkCost.from_bandwidth(HOP_LATENCY_US["NET"], 12.0),
 }
 
@@ -277,6 +280,9 @@ class Table:
     #: The hierarchical inter-host stage: the link one rank's shard crosses hosts on, while every
     #: local rank's shard crosses at once (shards share the hosts' NICs). Default: ``inter``.
     shard_inter: LinkCost | None = None
+    #: The shared-memory algorithms' costs (flag handshake, copy, read-and-reduce), when they
+    #: differ from ``link`` (the engine's point-to-point step). Default: ``link``.
+    shm: LinkCost | None = None
 
     def flat_link(self, p: int) -> LinkCost:
         spans = self.inter is not None and self.local is not None and self.local < p
@@ -327,7 +333,8 @@ def predict(collective: str, nbytes: int, p: int, table: Table,
         if name in measured:
             out.append(Prediction(name, measured[name](nbytes), "measured"))
         elif name in formulas:
-            out.append(Prediction(name, table.base + formulas[name](p, nbytes, link), "formula"))
+            cost = (table.shm or link) if name in SHM_ALGORITHMS else link
+            out.append(Prediction(name, table.base + formulas[name](p, nbytes, cost), "formula"))
         elif name in hier:
             shard = table.shard_inter or table.inter
             out.append(Prediction(name, table.base + hier[name](p, local, nbytes, table.link, shard),
@@ -340,5 +347,6 @@ def predict(collective: str, nbytes: int, p: int, table: Table,
             if flat:
                 cheapest = min(flat, key=lambda x: x.seconds)
                 out.append(Prediction("native", cheapest.seconds, f"formula ({cheapest.algorithm})"))
-    out.sort(key=lambda x: (x.seconds, x.algorithm))
+    # On a tie the engine's own collective wins: it is at least as good as the formula it equals.
+    out.sort(key=lambda x: (x.seconds, x.algorithm != "native", x.algorithm))
     return out

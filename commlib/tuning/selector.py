@@ -1,0 +1,191 @@
+"""Selection by the cost model: for each call, predict every eligible algorithm and take the
+cheapest.
+
+Every rank of a group must pick the same algorithm, so every rank must hold the same model. At
+group creation (collective, like creating the group itself) rank 0 builds the group's
+:class:`~commlib.tuning.model.Table` and broadcasts it; the others use what arrives. Rank 0's
+table comes from the tuning file (``bench/calibrate.py``) when it has an entry for this backend,
+else from defaults refined by a quick built-in probe (this host's copy and reduce bandwidth,
+about 10 ms, once per process).
+
+Eligibility: an algorithm the collective has, and for which the group qualifies: ``shm*`` only
+where the group has a shared-memory segment, ``hierarchical`` only where the group spans hosts
+with the same number (>= 2) of ranks each.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..algorithms import algorithm_names
+from ..algorithms.hierarchical import host_layout
+from .calibration import load, table_for
+from .model import DEFAULT_LINKS, SHM_ALGORITHMS, Curve, LinkCost, Prediction, Table, predict
+
+__all__ = ["GroupModel", "setup", "eligible", "predictions", "Explanation", "explain_group"]
+
+
+@dataclass
+class GroupModel:
+    """What selection knows about a group: its agreed table, where it came from, and layout."""
+
+    table: Table
+    source: str
+    has_shm: bool
+    hierarchical: bool
+
+
+_PROBE: dict | None = None
+
+
+def _probe() -> dict:
+    """This host's single-thread copy and float32-add bandwidth (s/B), once per process."""
+    global _PROBE
+    if _PROBE is None:
+        a = torch.ones(1 << 20)  # 4 MiB
+        b = torch.ones(1 << 20)
+        best_copy = best_add = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            a.copy_(b)
+            t1 = time.perf_counter()
+            a.add_(b)
+            t2 = time.perf_counter()
+            best_copy, best_add = min(best_copy, t1 - t0), min(best_add, t2 - t1)
+        _PROBE = {"beta": best_copy / a.nbytes, "gamma": best_add / a.nbytes}
+    return _PROBE
+
+
+def _table_json(table: Table) -> dict:
+    def link(c: LinkCost | None):
+        if c is None:
+            return None
+        out = {"alpha": c.alpha, "beta": c.beta, "gamma": c.gamma}
+        if c.curve is not None:
+            out["steps"] = c.curve.to_json()
+        return out
+
+    return {"link": link(table.link), "inter": link(table.inter), "shard_inter": link(table.shard_inter),
+            "shm": link(table.shm), "local": table.local, "base": table.base,
+            "curves": {c: {a: cv.to_json() for a, cv in algos.items()} for c, algos in table.curves.items()}}
+
+
+def _table_from_json(doc: dict) -> Table:
+    def link(d):
+        if d is None:
+            return None
+        steps = d.get("steps")
+        curve = Curve({int(n): t for n, t in steps.items()}) if steps else None
+        return LinkCost(d["alpha"], d["beta"], d["gamma"], curve)
+
+    curves = {c: {a: Curve({int(n): t for n, t in pts.items()}) for a, pts in algos.items()}
+              for c, algos in doc["curves"].items()}
+    return Table(link(doc["link"]), curves, doc["local"], link(doc["inter"]), doc["base"],
+                 link(doc["shard_inter"]), link(doc["shm"]))
+
+
+def _local_table(group, layout) -> tuple[Table, str]:
+    """Rank 0's view: the tuning file's entry, else defaults with the probe."""
+    backend = group.backend.name
+    per_host = layout.ranks_per_host if layout.eligible else group.size
+    try:
+        doc = load()
+    except Exception as exc:  # noqa: BLE001 - a broken file must not stop the job: say so, use defaults
+        doc, why = None, f"defaults (tuning file unusable: {exc})"
+    else:
+        why = "defaults and probe (no calibration: run bench/calibrate.py)"
+    table = table_for(doc, backend, group.size)
+    if table is not None:
+        source = f"tuning file, entry {backend}/{group.size}"
+    else:
+        probe = _probe()
+        step, sync = DEFAULT_LINKS["shm"], DEFAULT_LINKS["shm_sync"]
+        table = Table(LinkCost(step.alpha, 3 * probe["beta"], probe["gamma"]))
+        table.shm = LinkCost(sync.alpha, probe["beta"], probe["gamma"])
+        source = why
+    if layout.eligible and len(layout.hosts) > 1:
+        intra = table_for(doc, backend, per_host)
+        table.link = intra.link if intra is not None else table.link
+        table.local = per_host
+        net = DEFAULT_LINKS["net"]
+        inter = (doc or {}).get("groups", {}).get(f"{backend}/{group.size}", {}).get("links", {}).get("net")
+        table.inter = LinkCost(inter["alpha"], inter["beta"], inter.get("gamma", 0.0)) if inter else net
+        # every local rank's shard crosses at once: they share the hosts' links
+        table.shard_inter = LinkCost(table.inter.alpha, table.inter.beta * per_host, table.inter.gamma)
+    return table, source
+
+
+def setup(group) -> GroupModel:
+    """Collective over ``group``: its agreed model (rank 0's, broadcast)."""
+    backend = group.backend
+    layout = host_layout(backend)
+    has_shm = getattr(group, "shm", None) is not None
+    length = torch.zeros(1, dtype=torch.int64)
+    payload = b""
+    if backend.rank == 0:
+        table, source = _local_table(group, layout)
+        payload = json.dumps({"table": _table_json(table), "source": source}).encode()
+        length[0] = len(payload)
+    if group.size > 1:
+        backend.wait([backend.broadcast(length, 0, True)])
+        buf = torch.zeros(int(length[0]), dtype=torch.uint8)
+        if backend.rank == 0:
+            buf.copy_(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
+        backend.wait([backend.broadcast(buf, 0, True)])
+        payload = bytes(buf.tolist()) if backend.rank else payload
+    doc = json.loads(payload.decode())
+    return GroupModel(_table_from_json(doc["table"]), doc["source"], has_shm, layout.eligible)
+
+
+def eligible(collective: str, model: GroupModel) -> list[str]:
+    out = []
+    for name in algorithm_names(collective):
+        if name in SHM_ALGORITHMS and not model.has_shm:
+            continue
+        if name == "hierarchical" and not model.hierarchical:
+            continue
+        out.append(name)
+    return out
+
+
+def predictions(collective: str, nbytes: int, group, model: GroupModel) -> list[Prediction]:
+    """Every eligible algorithm's predicted time, cheapest first (one rank: native, free)."""
+    if group.size == 1:
+        return [Prediction("native", 0.0, "formula")]
+    return predict(collective, nbytes, group.size, model.table, eligible(collective, model))
+
+
+@dataclass
+class Explanation:
+    """What :func:`commlib.tuning.explain` returns: the predictions and the pick, printable."""
+
+    collective: str
+    nbytes: int
+    group: str
+    size: int
+    source: str
+    rows: list[Prediction]
+    chosen: str
+    why: str
+
+    def __str__(self) -> str:
+        lines = [f"{self.collective} of {self.nbytes} bytes on group {self.group!r} ({self.size} ranks); "
+                 f"model from {self.source}",
+                 f"  {'algorithm':20} {'predicted us':>13}  how"]
+        for r in self.rows:
+            mark = "  <- chosen" if r.algorithm == self.chosen else ""
+            lines.append(f"  {r.algorithm:20} {r.seconds * 1e6:13.2f}  {r.how}{mark}")
+        if not any(r.algorithm == self.chosen for r in self.rows):
+            lines.append(f"  chosen: {self.chosen}")
+        lines.append(f"  ({self.why})")
+        return "\n".join(lines)
+
+
+def explain_group(collective: str, nbytes: int, group, model: GroupModel, chosen: str,
+                  why: str) -> Explanation:
+    return Explanation(collective, nbytes, group.name, group.size, model.source,
+                       predictions(collective, nbytes, group, model), chosen, why)
