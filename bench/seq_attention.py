@@ -231,12 +231,12 @@ def main(argv=None) -> int:
             # memory: one forward+backward each, rank 0 alone first
             if rank == 0:
                 if mem1 is None:
-                    mem1 = peak_of(lambda: one_process(args, full))
+                    mem1 = peak_of(lambda full=full: one_process(args, full))
                 release()
             else:
                 sleep_until(0)
             commlib.barrier()
-            mem_n = max_over_ranks(peak_of(lambda: parallel(args, algorithm, local)))
+            mem_n = max_over_ranks(peak_of(lambda a=algorithm, x=local: parallel(args, a, x)))
             eff = t1 / (n * tn) if rank == 0 else 0.0
             mib = 1 << 20
             if rank == 0:

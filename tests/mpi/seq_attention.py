@@ -109,13 +109,13 @@ def run_ring(algorithm, layout, causal, h, hk, chunk, seed, d=8, b=2, dtype=torc
     out, lse, dq, dk, dv = reference(q, k, v, do, causal)
     ql, kl, vl = (local(t, layout).to(dtype).requires_grad_() for t in (q, k, v))
     with Count() as fwd:
-        o, l = F.ring_attention(ql, kl, vl, causal=causal, layout=layout, return_lse=True,
+        o, lse_got = F.ring_attention(ql, kl, vl, causal=causal, layout=layout, return_lse=True,
                                 algorithm=algorithm, head_chunks=head_chunks)
     with Count() as bwd:
         o.backward(local(do, layout).to(dtype))
     what = f"{algorithm} {layout} causal={causal} h={h}/{hk} s={s}"
     close(f"out {what}", o.float(), local(out, layout), rtol)
-    close(f"lse {what}", l.double(), local(lse, layout, dim=2), rtol)
+    close(f"lse {what}", lse_got.double(), local(lse, layout, dim=2), rtol)
     for name, got, want in (("dq", ql.grad, dq), ("dk", kl.grad, dk), ("dv", vl.grad, dv)):
         assert got.dtype == dtype, (name, got.dtype)
         close(f"{name} {what}", got.float(), local(want, layout), rtol)
