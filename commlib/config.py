@@ -109,8 +109,9 @@ OPTIONS: dict[str, Option] = {
                "`mpi`; launched by torchrun -> `torch`; otherwise one process, `self`)."),
         Option("algo", None, _parse_algo,
                "Force one algorithm for every collective that has it (`native`, `ring`, "
-               "`recursive_doubling`, `rabenseifner`, `binomial`); collectives without it keep "
-               "the automatic choice. The `algorithm=` keyword of a call wins over it."),
+               "`recursive_doubling`, `rabenseifner`, `binomial`, `hierarchical`, `shm_oneshot`, "
+               "`shm_twoshot`, `shm`); collectives without it keep the automatic choice (the cost "
+               "model). The `algorithm=` keyword of a call wins over it."),
         Option("timeout", 600.0, _parse_timeout,
                "Seconds before a stuck operation raises `CommTimeoutError` naming the op, group "
                "and sequence number. `0` disables the timeout (blocking engine calls)."),
@@ -128,9 +129,12 @@ OPTIONS: dict[str, Option] = {
         Option("log", "WARNING", _parse_level,
                "Log level of the `commlib` logger. `INFO` logs each choice (backend, algorithm, "
                "topology source), like `NCCL_DEBUG=INFO`."),
-        Option("small_msg_bytes", 65536, int,
-               "Size threshold (bytes) of the built-in algorithm choice until the tuning model "
-               "replaces it: below it latency-bound algorithms, at and above it bandwidth-bound."),
+        Option("tuning_file", None, _parse_optional_str,
+               "The tuning file the cost model reads (written by `mpirun -n N python "
+               "bench/calibrate.py`). Default: the per-host cache "
+               "`$XDG_CACHE_HOME/commlib/tuning-<host hash>.json`; without a file, defaults and a "
+               "built-in probe. A file named here that does not exist or parse is reported at group "
+               "creation (`COMMLIB_LOG=INFO`) and the defaults are used."),
         Option("cuda_aware_mpi", None, _parse_tristate,
                "Whether MPI may be given CUDA buffers: `1`, `0` or `auto` (default, asks "
                "`MPIX_Query_cuda_support` where the MPI library has it)."),
@@ -174,7 +178,7 @@ def check_environment(environ=None) -> None:
     environ = os.environ if environ is None else environ
     known = {o.env for o in OPTIONS.values()}
     # Variables read by tests or tools outside the option table.
-    known |= {"COMMLIB_TEST_HOST", "COMMLIB_TOPO_FILE", "COMMLIB_TUNING_FILE"}
+    known |= {"COMMLIB_TEST_HOST", "COMMLIB_TOPO_FILE"}
     for key in environ:
         if key.startswith("COMMLIB_") and key not in known:
             close = difflib.get_close_matches(key, sorted(known), n=1)
@@ -262,9 +266,9 @@ if __name__ == "__main__":
             "`commlib.init()` checks the environment once: a `COMMLIB_*` variable that names no "
             "option raises `CommConfigError` naming the closest option (`COMMLIB_TIMEOT` -> "
             "\"did you mean COMMLIB_TIMEOUT?\"), and so does a value that does not parse. A typo "
-            "is an error, never a silently ignored setting. (`COMMLIB_TEST_HOST`, "
-            "`COMMLIB_TOPO_FILE` and `COMMLIB_TUNING_FILE` are reserved for tools and later "
-            "features and are accepted without a check.)",
+            "is an error, never a silently ignored setting. (`COMMLIB_TEST_HOST`, a test-only "
+            "virtual host name, and `COMMLIB_TOPO_FILE`, read by `commlib.topology.discover()`, "
+            "are accepted without a check.)",
             "",
             "Booleans accept `1/0`, `true/false`, `yes/no`, `on/off` (any case).",
             "",

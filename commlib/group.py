@@ -46,6 +46,10 @@ class Group:
         # The shared-memory segment of a group whose ranks share a host (collective: every member
         # constructs the group at the same point); None otherwise. See commlib/backends/shm.py.
         self.shm = _attach_shm(self)
+        # The agreed cost model that picks each call's algorithm (collective, like the segment).
+        from .tuning import attach_model
+
+        self.model = attach_model(self)
 
     @property
     def is_member(self) -> bool:

@@ -7,10 +7,16 @@ hosts, divided by the ranks per host. The intra-host stages run commlib's ring o
 communicator (the engine's shared-memory path); the inter-host stage is the engine's native
 all-reduce over the communicator of the ranks holding the same shard, one per "rail".
 
+Hosts with different rank counts use one leader per host instead: a binomial reduce to the
+host's first rank, the engine's all-reduce among the leaders, a binomial broadcast back. So the
+algorithm runs on every layout (on one host it is a ring all-reduce; with one rank per host, the
+engine's), and the cost model offers it only where it can win: two or more hosts, more than one
+rank on some host.
+
 The layout comes from every rank's host (``commlib.topology.host_hash``, so ``COMMLIB_TEST_HOST``
-splits one machine into virtual hosts): it is all-gathered once per communicator, the first time a
-selector or this algorithm asks, and the two sub-communicators are built then. It needs the same
-number of ranks on every host, at least two hosts, and more than one rank per host.
+splits one machine into virtual hosts): all-gathered once per communicator (at group creation,
+through the cost model), and the two sub-communicators are built the first time the algorithm
+runs (every rank runs it at the same call, as it is the agreed choice).
 """
 
 from __future__ import annotations
@@ -19,9 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import CommUnsupportedError
 from ..topology.host import host_hash
 from . import Ctx, chunk_bounds, register_algorithm
+from .binomial import _broadcast, _reduce
 from .ring import all_gather_steps, reduce_scatter_steps
 
 __all__ = ["HostLayout", "host_layout"]
@@ -32,22 +38,30 @@ class HostLayout:
     """``hosts[k]``: the ranks (of the group) on host k, hosts in order of their lowest rank."""
 
     hosts: list[list[int]]
-    local: object | None = None  # this rank's host's communicator (a Backend)
+    local: object | None = None  # this rank's host's communicator (a Backend), built on first use
     cross: object | None = None  # the communicator of this rank's rail across hosts
 
     @property
     def uniform(self) -> bool:
-        sizes = {len(h) for h in self.hosts}
-        return len(sizes) == 1
+        return len({len(h) for h in self.hosts}) == 1
 
     @property
-    def eligible(self) -> bool:
-        """Can the hierarchical algorithm run: >= 2 hosts, the same >= 2 ranks on each."""
-        return len(self.hosts) > 1 and self.uniform and len(self.hosts[0]) > 1
+    def spans_hosts(self) -> bool:
+        """Worth a hierarchical algorithm: >= 2 hosts and more than one rank on some host."""
+        return len(self.hosts) > 1 and max(len(h) for h in self.hosts) > 1
 
     @property
     def ranks_per_host(self) -> int:
         return len(self.hosts[0])
+
+    def communicators(self, backend):
+        """The intra-host and the rail communicators (collective on first call)."""
+        if self.local is None:
+            rails = max(len(h) for h in self.hosts)
+            self.local = backend.split_lines(self.hosts)
+            self.cross = backend.split_lines([[h[i] for h in self.hosts if len(h) > i]
+                                              for i in range(rails)])
+        return self.local, self.cross
 
 
 def host_layout(backend) -> HostLayout:
@@ -61,30 +75,25 @@ def host_layout(backend) -> HostLayout:
     order: dict[int, list[int]] = {}
     for rank, h in enumerate(every.tolist()):
         order.setdefault(h, []).append(rank)
-    layout = HostLayout(list(order.values()))
-    if layout.eligible:
-        local_n = layout.ranks_per_host
-        layout.local = backend.split_lines(layout.hosts)
-        layout.cross = backend.split_lines([[host[i] for host in layout.hosts] for i in range(local_n)])
-    backend._host_layout = layout
+    layout = backend._host_layout = HostLayout(list(order.values()))
     return layout
 
 
 @register_algorithm("hierarchical", "all_reduce")
 def all_reduce(ctx, buf):
     layout = host_layout(ctx.backend)
-    if not layout.eligible:
-        sizes = [len(h) for h in layout.hosts]
-        raise CommUnsupportedError(
-            f"commlib.all_reduce: algorithm 'hierarchical' needs at least two hosts with the same "
-            f"number (>= 2) of ranks each; this group has ranks per host {sizes}. Fix: use "
-            f"algorithm=None (automatic) or a flat algorithm such as 'rabenseifner'.")
-    local, cross = layout.local, layout.cross
+    local, cross = layout.communicators(ctx.backend)
     flat = buf.view(-1)
-    bounds = chunk_bounds(flat.numel(), local.size)
     inner = Ctx(local, local.rank, local.size, ctx.tag, ctx.op)
-    yield from reduce_scatter_steps(inner, flat, bounds)
-    shard = flat[bounds[local.rank]:bounds[local.rank + 1]]
-    if shard.numel():
-        yield [cross.all_reduce(shard, ctx.op)]
-    yield from all_gather_steps(inner, flat, bounds)
+    if layout.uniform:
+        bounds = chunk_bounds(flat.numel(), local.size)
+        yield from reduce_scatter_steps(inner, flat, bounds)
+        shard = flat[bounds[local.rank]:bounds[local.rank + 1]]
+        if shard.numel() and cross.size > 1:
+            yield [cross.all_reduce(shard, ctx.op)]
+        yield from all_gather_steps(inner, flat, bounds)
+    else:  # one leader per host
+        yield from _reduce(inner, flat, 0)
+        if local.rank == 0:
+            yield [cross.all_reduce(flat, ctx.op)]
+        yield from _broadcast(inner, flat, 0)

@@ -1,8 +1,16 @@
-"""Algorithm choice. For now a size threshold per (backend, collective); the cost-model issue
-replaces :data:`THRESHOLD_TABLE` and :func:`auto_algorithm` with a calibrated model.
+"""Algorithm choice by the cost model.
+
+For every call: predict each eligible algorithm's time with the group's calibrated α-β-γ model
+(:mod:`commlib.tuning.model`; measured curves from ``bench/calibrate.py`` where present, see
+:mod:`commlib.tuning.calibration`) and take the cheapest. Every rank of a group holds the same
+model (rank 0's, agreed at group creation, :mod:`commlib.tuning.selector`), so every rank picks
+the same algorithm. The choice is memoized per (collective, power-of-two size bucket, group) and
+logged at ``COMMLIB_LOG=INFO`` with the predicted times; :func:`explain` returns the whole table.
 
 Precedence: the call's ``algorithm=`` keyword > ``COMMLIB_ALGO`` (when the collective has that
-algorithm) > the table.
+algorithm) > the model. Groups whose engine moves only GPU memory (NCCL) use the engine's own
+collective: the model's GPU link classes plan machines (``python -m commlib.tuning``), they do
+not yet choose at run time.
 """
 
 from __future__ import annotations
@@ -12,52 +20,38 @@ import logging
 from .. import config
 from ..algorithms import algorithm_names, get_algorithm
 from ..errors import arg_error
+from .selector import Explanation, GroupModel, explain_group, predictions, setup
 
-__all__ = ["THRESHOLD_TABLE", "select", "auto_algorithm"]
+__all__ = ["select", "explain", "attach_model", "clear_cache", "Explanation"]
 
 log = logging.getLogger("commlib")
 
-# (backend, collective) -> (algorithm below COMMLIB_SMALL_MSG_BYTES, algorithm at or above it);
-# pairs not listed delegate to the engine. Measured on this machine kind (2 ranks, one host,
-# float32 all_reduce, median of 3): the engine's own collective wins at every size on both
-# engines. MPICH: see bench/all_reduce.py --algorithm. gloo, native / best point-to-point
-# algorithm: 1.0 / 3.3 ms (recursive doubling) at 8 B, 1.8 / 3.1 ms (binomial) at 1 MiB,
-# 26 / 44 ms (binomial) at 16 MiB. Across slow links (the tuning issue) this will change.
-THRESHOLD_TABLE: dict[tuple[str, str], tuple[str, str]] = {
-    ("mpi", "all_reduce"): ("native", "native"),
-    ("torch", "all_reduce"): ("native", "native"),
-}
-
-# Groups with a shared-memory segment (all ranks on one host, commlib/backends/shm.py):
-# collective -> ((upper size bound in bytes, exclusive; algorithm), ...) for CPU tensors, checked
-# in order; sizes beyond the last bound use THRESHOLD_TABLE. Bounds are powers of two (select()
-# memoizes per power-of-two bucket). Measured with bench/all_reduce.py --compare (2 ranks, float32,
-# bench/results/all_reduce_shm_np2.txt): one-shot 0.2-0.4x MPI's time up to 32 KiB, two-shot
-# 0.55-0.77x from 256 KiB to 16 MiB. At 4 ranks on 2 cores (bench/results/all_reduce_shm_np4.txt)
-# shm wins up to 32 KiB and loses at 256 KiB and 16 MiB in that noisy run: not yet re-measured.
-SHM_TABLE: dict[str, tuple[tuple[int, str], ...]] = {
-    "all_reduce": ((1 << 15, "shm_oneshot"), (1 << 40, "shm_twoshot")),
-    "reduce_scatter": ((1 << 40, "shm"),),
-    "all_gather": ((1 << 40, "shm"),),
-    "broadcast": ((1 << 40, "shm"),),
-}
-
-_memo: dict[tuple, object] = {}
+_memo: dict[tuple, tuple] = {}
 
 
-def shm_algorithm(collective: str, nbytes: int) -> str | None:
-    """The shared-memory algorithm for ``nbytes`` on a group with a segment, or None."""
-    for bound, name in SHM_TABLE.get(collective, ()):
-        if nbytes < bound:
-            return name
-    return None
+def attach_model(group) -> GroupModel | None:
+    """Collective over ``group`` (called by its constructor on every member): the group's agreed
+    cost model, or None where selection does not use one (one rank; GPU-only engines)."""
+    backend = group.backend
+    if backend is None or group.size < 2 or "cpu" not in backend.devices:
+        return None
+    return setup(group)
 
 
-def auto_algorithm(backend: str, collective: str, nbytes: int, size: int) -> str:
-    if size == 1:
-        return "native"
-    small, large = THRESHOLD_TABLE.get((backend, collective), ("native", "native"))
-    return small if nbytes < config.get("small_msg_bytes") else large
+def _choose(collective: str, nbytes: int, group) -> tuple[str, str, list]:
+    forced = config.get("algo")
+    if forced is not None and get_algorithm(collective, forced) is not None:
+        return forced, "COMMLIB_ALGO", []
+    model = getattr(group, "model", None)
+    if model is None:
+        why = "one rank" if group.size == 1 else "the engine's own: no cost model for this engine"
+        return "native", why, []
+    preds = predictions(collective, nbytes, group, model)
+    if not preds:  # no formula and nothing measured (all_to_all, barrier): the engine's own
+        return "native", "cost model: nothing to compare", []
+    best = preds[0]
+    runner = f", next {preds[1].algorithm} {preds[1].seconds * 1e6:.1f} us" if len(preds) > 1 else ""
+    return best.algorithm, f"cost model: {best.seconds * 1e6:.1f} us ({best.how}){runner}", preds
 
 
 def select(collective: str, nbytes: int, group, algorithm: str | None, fn: str):
@@ -71,21 +65,36 @@ def select(collective: str, nbytes: int, group, algorithm: str | None, fn: str):
                             f"use one of {algorithm_names(collective)} or None for automatic")
         return chosen
     key = (collective, nbytes.bit_length(), id(group))
-    chosen = _memo.get(key)
-    if chosen is None:
-        forced = config.get("algo")
-        if forced is not None and get_algorithm(collective, forced) is not None:
-            name, why = forced, "COMMLIB_ALGO"
-        else:
-            name = shm_algorithm(collective, nbytes) if group.shm is not None else None
-            why = "shared memory, SHM_TABLE"
-            if name is None:
-                name = auto_algorithm(group.backend.name, collective, nbytes, group.size)
-                why = "size threshold"
-        chosen = _memo[key] = get_algorithm(collective, name)
+    hit = _memo.get(key)
+    if hit is None:
+        name, why, _ = _choose(collective, nbytes, group)
+        hit = _memo[key] = (get_algorithm(collective, name), name)
         log.info("%s of %d bytes on group %s: algorithm %s (%s)", collective, nbytes, group.name,
                  name, why)
-    return chosen
+    return hit[0]
+
+
+def explain(op: str, nbytes: int, group=None) -> Explanation:
+    """The model's table for ``op`` (``"all_reduce"``, ``"all_gather"``, ``"reduce_scatter"``,
+    ``"broadcast"``, ``"reduce"``, ...) of ``nbytes`` on ``group`` (default: world): every eligible
+    algorithm's predicted time and how it was priced (``measured`` curve or ``formula``), and the
+    algorithm a call would use. ``print(commlib.tuning.explain("all_reduce", 1 << 20))``. Local:
+    no communication."""
+    from ..algorithms import COLLECTIVES
+    from ..group import resolve_group
+
+    if op not in COLLECTIVES:
+        raise arg_error("tuning.explain", "op", op, f"is not one of {list(COLLECTIVES)}",
+                        "pass a collective's name, e.g. 'all_reduce'")
+    if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
+        raise arg_error("tuning.explain", "nbytes", nbytes, "must be a non-negative int",
+                        "pass the message size in bytes")
+    g = resolve_group(group, "tuning.explain")
+    name, why, _ = _choose(op, nbytes, g)
+    model = getattr(g, "model", None)
+    if model is None:
+        return Explanation(op, nbytes, g.name, g.size, "none", [], name, why)
+    return explain_group(op, nbytes, g, model, name, why)
 
 
 def clear_cache() -> None:

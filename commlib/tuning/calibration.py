@@ -23,6 +23,7 @@ import os
 import pathlib
 import time
 
+from .. import config
 from ..errors import CommConfigError
 from ..topology.host import host_hash, host_id
 from .model import Curve, LinkCost, Table
@@ -39,7 +40,7 @@ def default_path() -> pathlib.Path:
 
 
 def tuning_path() -> pathlib.Path:
-    explicit = os.environ.get("COMMLIB_TUNING_FILE")
+    explicit = config.get("tuning_file")
     return pathlib.Path(explicit) if explicit else default_path()
 
 
@@ -62,7 +63,7 @@ def load(path: str | os.PathLike | None = None) -> dict | None:
     file. A file that exists but does not parse raises ``CommConfigError`` naming it."""
     p = pathlib.Path(path) if path is not None else tuning_path()
     if not p.exists():
-        if path is not None or os.environ.get("COMMLIB_TUNING_FILE"):
+        if path is not None or config.get("tuning_file"):
             raise CommConfigError(
                 f"commlib: tuning file {p} does not exist. Fix: run "
                 f"`mpirun -n N python bench/calibrate.py --out {p}` or unset COMMLIB_TUNING_FILE.")

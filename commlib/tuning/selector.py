@@ -10,23 +10,27 @@ about 10 ms, once per process).
 
 Eligibility: an algorithm the collective has, and for which the group qualifies: ``shm*`` only
 where the group has a shared-memory segment, ``hierarchical`` only where the group spans hosts
-with the same number (>= 2) of ranks each.
+with more than one rank on some host (priced where every host has the same number of ranks).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass
 
 import torch
 
 from ..algorithms import algorithm_names
+from ..errors import CommConfigError
 from ..algorithms.hierarchical import host_layout
 from .calibration import load, table_for
 from .model import DEFAULT_LINKS, SHM_ALGORITHMS, Curve, LinkCost, Prediction, Table, predict
 
 __all__ = ["GroupModel", "setup", "eligible", "predictions", "Explanation", "explain_group"]
+
+log = logging.getLogger("commlib")
 
 
 @dataclass
@@ -91,11 +95,12 @@ def _table_from_json(doc: dict) -> Table:
 def _local_table(group, layout) -> tuple[Table, str]:
     """Rank 0's view: the tuning file's entry, else defaults with the probe."""
     backend = group.backend.name
-    per_host = layout.ranks_per_host if layout.eligible else group.size
+    per_host = layout.ranks_per_host if layout.uniform else group.size
     try:
         doc = load()
-    except Exception as exc:  # noqa: BLE001 - a broken file must not stop the job: say so, use defaults
-        doc, why = None, f"defaults (tuning file unusable: {exc})"
+    except CommConfigError as exc:  # a broken file must not stop the job: say so, use defaults
+        log.warning("%s Using the defaults.", exc)
+        doc, why = None, f"defaults and probe (tuning file unusable: {exc})"
     else:
         why = "defaults and probe (no calibration: run bench/calibrate.py)"
     table = table_for(doc, backend, group.size)
@@ -107,7 +112,7 @@ def _local_table(group, layout) -> tuple[Table, str]:
         table = Table(LinkCost(step.alpha, 3 * probe["beta"], probe["gamma"]))
         table.shm = LinkCost(sync.alpha, probe["beta"], probe["gamma"])
         source = why
-    if layout.eligible and len(layout.hosts) > 1:
+    if layout.spans_hosts and layout.uniform:
         intra = table_for(doc, backend, per_host)
         table.link = intra.link if intra is not None else table.link
         table.local = per_host
@@ -138,7 +143,7 @@ def setup(group) -> GroupModel:
         backend.wait([backend.broadcast(buf, 0, True)])
         payload = bytes(buf.tolist()) if backend.rank else payload
     doc = json.loads(payload.decode())
-    return GroupModel(_table_from_json(doc["table"]), doc["source"], has_shm, layout.eligible)
+    return GroupModel(_table_from_json(doc["table"]), doc["source"], has_shm, layout.spans_hosts)
 
 
 def eligible(collective: str, model: GroupModel) -> list[str]:

@@ -21,15 +21,17 @@ def expected_hosts():
 
 
 def case_layout():
-    layout = host_layout(commlib.get_world_group().backend)
+    backend = commlib.get_world_group().backend
+    layout = host_layout(backend)
     assert layout.hosts == expected_hosts(), (layout.hosts, HOSTS)
-    assert layout.eligible
-    per_host = layout.ranks_per_host
-    assert layout.local.size == per_host and layout.cross.size == len(layout.hosts)
+    local, cross = layout.communicators(backend)
     me = commlib.get_rank()
     mine = [h for h in layout.hosts if me in h][0]
-    assert layout.local.rank == mine.index(me)
-    assert layout.cross.rank == [h for h in layout.hosts].index(mine)
+    assert local.size == len(mine) and local.rank == mine.index(me)
+    # my rail: the ranks with my index on every host that has that many ranks
+    i = mine.index(me)
+    rail = [h[i] for h in layout.hosts if len(h) > i]
+    assert cross.size == len(rail) and cross.rank == rail.index(me)
 
 
 def case_all_reduce():
