@@ -13,7 +13,10 @@
 // acquire loads. `flag` grows by one per launch (host counter), so flags are never reset.
 //
 //  - one-shot: barrier, then every rank reduces all peers' inputs in rank order into its output:
-//    identical bits on every rank;
+//    identical bits on every rank; then an end barrier. Without it a fast rank could (a) stage its
+//    next input over data a slow peer is still reading, and (b) publish the next launch's start
+//    flag before the slow peer saw this one (the peer would wait for a value that never comes
+//    back). Block b of every rank touches the same element indices, so per-block flags suffice;
 //  - two-shot: barrier, rank r reduces slice r of all inputs into its tmp buffer, barrier
 //    (end flags, after __threadfence_system), then every rank copies every peer's slice.
 //
@@ -40,8 +43,12 @@ __device__ __forceinline__ unsigned int ld_acquire_sys(const unsigned int *addr)
 }
 
 // Block-level barrier with the same block of every peer. `end` selects the second flag set.
+// The end barrier first waits for every thread of the block (their reads of the peers' buffers,
+// or their writes followed by __threadfence_system, must come before the flag store).
 __device__ __forceinline__ void block_barrier(ClSignal *const *sigs, int rank, int ngpus,
                                               unsigned int flag, bool end) {
+    if (end)
+        __syncthreads();
     if (threadIdx.x < ngpus) {
         int peer = threadIdx.x;
         unsigned int *to = end ? &sigs[peer]->end[blockIdx.x][rank]
@@ -90,6 +97,7 @@ __device__ __forceinline__ float cl_combine(float a, float b, int op) {
         int ngpus, unsigned int flag, int op, int avg) {                                       \
         block_barrier(sigs, rank, ngpus, flag, false);                                         \
         cl_reduce_range_##SUFFIX(out, ptrs, ngpus, 0, n, op, avg);                             \
+        block_barrier(sigs, rank, ngpus, flag, true);                                          \
     }                                                                                          \
     extern "C" __global__ void cl_ipc_twoshot_##SUFFIX(                                        \
         const unsigned long long *ptrs, const unsigned long long *tmps, ClSignal *const *sigs, \

@@ -88,3 +88,98 @@ def test_kernels_load_and_reduce_on_one_gpu():
         ptrs, sigs, out, cupy.uint64(x.size), cupy.int32(0), cupy.int32(1), cupy.uint32(1),
         cupy.int32(0), cupy.int32(0)))
     assert bool((out == x).all())
+
+
+# ----- the runtime's host-side decisions (commlib.backends.cuda_ipc.CudaIpcAllReduce) ---------
+def rec(uuid, p2p=0b1111, nvl=0b1111, host=7, handle=b"", offset=0):
+    return ipc.PeerRecord(host, 100, uuid, p2p, nvl, handle, offset)
+
+
+def test_records_round_trip_through_bytes():
+    handle = bytes(range(64))
+    r = rec("GPU-0a1b", p2p=0b101, nvl=0b1, handle=handle, offset=3 << 20)
+    data = ipc.pack_record(r)
+    assert len(data) == len(ipc.pack_record(rec("x")))  # fixed size: one all-gather
+    assert ipc.unpack_record(data) == r
+    assert ipc.unpack_record(ipc.pack_record(rec(""))) == rec("")
+    with pytest.raises(CommArgumentError, match="cudaIpcMemHandle"):
+        ipc.pack_record(rec("a", handle=b"short"))
+
+
+UU = ["u0", "u1", "u2", "u3"]
+
+
+@pytest.mark.parametrize("records, reason", [
+    ([rec("u0"), rec("")], "rank 1 has no CUDA device"),
+    ([rec("u0"), rec("u1", host=8)], "span 2 hosts"),
+    ([rec("u0"), rec("u1"), rec("u0")], "ranks 0 and 2 share GPU u0"),
+    ([rec("u0", p2p=0b11), rec("u1", p2p=0b10)], "from rank 1 to rank 0"),
+    ([rec("u0", p2p=0b1011), rec("u1"), rec("u2"), rec("u3")], "from rank 0 to rank 2"),
+    ([rec(f"u{i}") for i in range(9)], "at most 8"),
+])
+def test_group_check_refuses_and_says_why(records, reason):
+    check = ipc.check_group(records)
+    assert not check.usable and reason in check.reason, check
+
+
+def test_group_check_accepts_and_reports_nvlink():
+    full = ipc.check_group([rec(u) for u in UU])
+    assert full.usable and full.full_nvlink
+    partial = ipc.check_group([rec(u, nvl=0b1111 if i else 0b0111) for i, u in enumerate(UU)])
+    assert partial.usable and not partial.full_nvlink
+    pcie = ipc.check_group([rec("u0", nvl=0b01), rec("u1", nvl=0b10)])
+    assert pcie.usable and not pcie.full_nvlink
+
+
+def test_peer_devices_map_uuids_to_this_process_indices():
+    assert ipc.peer_devices(["a", "b", "c"], ["c", "a"]) == [2, 0]
+    assert ipc.peer_devices(["b"], ["a", "b"]) == [None, 0]  # hidden by CUDA_VISIBLE_DEVICES
+
+
+def test_planner_turns_decisions_into_launches():
+    nv4 = ipc.Planner(4, ipc.check_group([rec(u) for u in UU]))
+    p = nv4.plan(1024, torch.bfloat16, ReduceOp.AVG)
+    assert p == ipc.Plan("oneshot", p.reason, "cl_ipc_oneshot_bf16", 1, 512, 1024, 0, 4)
+    big = nv4.plan(1 << 20, torch.float32, ReduceOp.MAX)  # 4 MiB on 4 GPUs: two-shot
+    assert (big.algorithm, big.kernel, big.grid, big.op_code, big.avg) == \
+        ("twoshot", "cl_ipc_twoshot_f32", 36, 3, 0)
+    assert nv4.plan(1 << 20, torch.float32, ReduceOp.MAX) is big  # memoized
+    too_big = nv4.plan(4 << 20, torch.float32, ReduceOp.SUM)
+    assert too_big.algorithm == "nccl" and "exceeds" in too_big.reason and too_big.kernel is None
+    assert "not contiguous" in nv4.plan(1024, torch.float32, ReduceOp.SUM, False).reason
+    assert "multiple of 16" in nv4.plan(3, torch.float32, ReduceOp.SUM).reason
+    pcie4 = ipc.Planner(4, ipc.check_group([rec(u, nvl=0) for u in UU]))
+    assert "without full NVLink" in pcie4.plan(1024, torch.float32, ReduceOp.SUM).reason
+    off = ipc.Planner(2, ipc.check_group([rec("u0"), rec("")]))
+    assert off.plan(1024, torch.float32, ReduceOp.SUM) == ipc.Plan("nccl", "rank 1 has no CUDA "
+                                                                           "device (CUDA is absent there)")
+
+
+def test_runtime_constructs_without_a_gpu_and_falls_back():
+    """One rank (exchange = identity): no CUDA device, so every call goes to the fallback with
+    the reason logged once; nothing touches CUDA or CuPy."""
+    seen = []
+    rt = ipc.CudaIpcAllReduce(lambda b: [b], 0, 1, None, lambda t, op: seen.append((t, op)), host=1)
+    assert not rt.check.usable and "no CUDA device" in rt.check.reason
+    t = torch.ones(8)
+    assert rt.plan(t, ReduceOp.SUM).algorithm == "nccl"
+    rt.all_reduce(t, ReduceOp.MIN)
+    rt.all_reduce(t, ReduceOp.SUM)
+    assert [op for _, op in seen] == [ReduceOp.MIN, ReduceOp.SUM] and seen[0][0] is t
+    assert len(rt._logged) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is absent on this machine")
+def test_runtime_on_one_gpu_is_the_identity():
+    """With a GPU and CuPy: a one-rank group allocates, exports and (trivially) checks its buffer;
+    1 rank is not a kernel world size, so it falls back; the record carries a real IPC handle."""
+    pytest.importorskip("cupy")
+    seen = []
+    rt = ipc.CudaIpcAllReduce(lambda b: [b], 0, 1, 0, lambda t, op: seen.append(op), host=1)
+    assert rt.check.usable, rt.check
+    t = torch.ones(1024, device="cuda")
+    assert "world size 1" in rt.plan(t).reason
+    rt.all_reduce(t)
+    assert seen == [ReduceOp.SUM]
+    rt.close()

@@ -13,7 +13,7 @@ from conftest import base_env, mpiexec_path, run_cmd, MPI_DIR
 pytest.importorskip("commlib._shm", reason="the C extension is not built (pip install -e .)")
 
 CASES = ("case_segment", "case_all_reduce", "case_reduce_scatter", "case_movement",
-         "case_async_and_polled", "case_two_groups")
+         "case_async_and_polled", "case_two_groups", "case_cuda_ipc_runtime_without_gpu")
 SMALL_SLOT = "4096"  # 1024 float32 per region: the larger test messages span many chunks
 
 

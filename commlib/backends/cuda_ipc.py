@@ -7,6 +7,17 @@ Everything that decides is here, in plain Python, and unit-tested without a GPU
 between one-shot, two-shot and the NCCL fallback. The parts that need a GPU (IPC handle exchange,
 the P2P test, launches) run only where CUDA is present.
 
+The runtime is :class:`CudaIpcAllReduce`: created collectively by every rank of a group of GPU
+ranks, it allocates its IPC buffer (torch CUDA memory), exchanges what each rank found (host,
+GPU, working peer-to-peer and NVLink peers, the buffer's ``cudaIpcMemHandle``) over the group's
+engine, decides once for the whole group whether the kernels may run (:func:`check_group`, the
+same answer on every rank because every rank decides from the same gathered records), opens the
+peers' handles, and then runs each all-reduce as one device-to-device copy of the input into the
+registered buffer plus one kernel launch on torch's current stream that writes the result straight
+into the caller's tensor (raw device pointers: no CuPy arrays, no host round trip). Whatever the
+kernels cannot do goes to the ``fallback`` (NCCL), logged once per reason. Without CUDA the object
+still constructs (every rank records "no CUDA device") and every call takes the fallback.
+
 Rules (after vLLM's custom all-reduce, reference/collectives.md section 2.1):
 
 * float32, float16 and bfloat16 only (half types accumulate in float32); SUM, AVG, PRODUCT, MIN,
@@ -21,9 +32,12 @@ Rules (after vLLM's custom all-reduce, reference/collectives.md section 2.1):
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import pathlib
-from typing import NamedTuple
+import struct
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -31,7 +45,9 @@ from ..errors import CommBackendError, arg_error
 from ..ops import ReduceOp
 
 __all__ = ["MAX_RANKS", "MAX_BLOCKS", "Layout", "Decision", "layout", "decide", "launch_shape",
-           "kernel_name", "load_module", "p2p_works"]
+           "kernel_name", "load_module", "p2p_works", "PeerRecord", "pack_record",
+           "unpack_record", "GroupCheck", "check_group", "peer_devices", "Plan", "Planner",
+           "engine_exchange", "CudaIpcAllReduce"]
 
 log = logging.getLogger("commlib")
 
@@ -158,3 +174,318 @@ def p2p_works(dev_a: int, dev_b: int, nbytes: int = 1 << 16) -> bool:
         runtime.memcpyPeer(dst.data.ptr, dev_b, src.data.ptr, dev_a, nbytes)
         cupy.cuda.Device(dev_b).synchronize()
         return bool((dst == cupy.arange(nbytes // 4, dtype=cupy.int32)).all())
+
+
+# ----- what every rank publishes -------------------------------------------------------------
+class PeerRecord(NamedTuple):
+    """One rank's facts, gathered by every rank. ``p2p_mask`` / ``nvlink_mask``: bit j set when
+    the peer-to-peer test to rank j passed / the two GPUs are joined by NVLink (this rank's own
+    bit is always set). ``handle`` and ``offset``: the ``cudaIpcMemHandle`` of the allocation that
+    holds this rank's IPC buffer and the buffer's byte offset in it (empty before allocation)."""
+
+    host: int
+    pid: int
+    uuid: str
+    p2p_mask: int = 0
+    nvlink_mask: int = 0
+    handle: bytes = b""
+    offset: int = 0
+
+
+_RECORD = struct.Struct("<qq40sQQ64sQ")
+HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
+
+
+def pack_record(rec: PeerRecord) -> bytes:
+    if len(rec.handle) not in (0, HANDLE_BYTES):
+        raise arg_error("cuda_ipc.pack_record", "handle", rec.handle,
+                        f"must be {HANDLE_BYTES} bytes (a cudaIpcMemHandle) or empty",
+                        "pass the bytes of cudaIpcGetMemHandle")
+    return _RECORD.pack(rec.host, rec.pid, rec.uuid.encode()[:40], rec.p2p_mask, rec.nvlink_mask,
+                        rec.handle.ljust(HANDLE_BYTES, b"\0"), rec.offset)
+
+
+def unpack_record(data: bytes) -> PeerRecord:
+    host, pid, uuid, p2p, nvl, handle, offset = _RECORD.unpack(data)
+    return PeerRecord(host, pid, uuid.rstrip(b"\0").decode(), p2p, nvl,
+                      b"" if handle == bytes(HANDLE_BYTES) else handle, offset)
+
+
+def engine_exchange(backend) -> Callable[[bytes], list[bytes]]:
+    """``exchange(payload) -> [payload of rank 0, ..., rank n-1]`` through ``backend``'s native
+    all-gather (payloads of equal length; host tensors where the engine takes them, else CUDA)."""
+    device = "cpu" if "cpu" in backend.devices else "cuda"
+
+    def exchange(payload: bytes) -> list[bytes]:
+        inp = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
+        out = torch.empty(backend.size * len(payload), dtype=torch.uint8, device=device)
+        backend.wait([backend.all_gather(out, inp, True)])
+        rows = out.cpu().view(backend.size, len(payload))
+        return [bytes(row.tolist()) for row in rows]
+
+    return exchange
+
+
+class GroupCheck(NamedTuple):
+    """Whether the kernels may run on this group at all (the same on every rank), and why not."""
+
+    usable: bool
+    reason: str
+    full_nvlink: bool
+
+
+def _full(mask: int, n: int) -> bool:
+    return mask & ((1 << n) - 1) == (1 << n) - 1
+
+
+def check_group(records: list[PeerRecord]) -> GroupCheck:
+    """The group-wide rule, from the gathered records of every rank (pure). Checked in order: a
+    CUDA device on every rank, one host, one GPU per rank, a working P2P test between every pair
+    (each rank tested its peers; any failing pair disables the group); full NVLink is reported for
+    :func:`decide` (which allows PCIe-only peers at 2 GPUs)."""
+    n = len(records)
+    if n > MAX_RANKS:
+        return GroupCheck(False, f"{n} ranks, the kernels handle at most {MAX_RANKS}", False)
+    for r, rec in enumerate(records):
+        if not rec.uuid:
+            return GroupCheck(False, f"rank {r} has no CUDA device (CUDA is absent there)", False)
+    hosts = {rec.host for rec in records}
+    if len(hosts) > 1:
+        return GroupCheck(False, f"the ranks span {len(hosts)} hosts (CUDA IPC needs one)", False)
+    seen: dict[str, int] = {}
+    for r, rec in enumerate(records):
+        if rec.uuid in seen:
+            return GroupCheck(False, f"ranks {seen[rec.uuid]} and {r} share GPU {rec.uuid} "
+                                     f"(CUDA IPC needs one GPU per rank)", False)
+        seen[rec.uuid] = r
+    for r, rec in enumerate(records):
+        for j in range(n):
+            if not (rec.p2p_mask >> j) & 1:
+                return GroupCheck(False, f"peer-to-peer access failed its test from rank {r} to "
+                                         f"rank {j}", False)
+    return GroupCheck(True, "every pair passed the P2P test",
+                      all(_full(rec.nvlink_mask, n) for rec in records))
+
+
+def peer_devices(visible: list[str], uuids: list[str]) -> list[int | None]:
+    """For each rank's GPU uuid, its device index in this process (``visible``: the uuids of this
+    process's devices in index order), or None where CUDA_VISIBLE_DEVICES hides it."""
+    index = {u: i for i, u in enumerate(visible)}
+    return [index.get(u) for u in uuids]
+
+
+# ----- plans -----------------------------------------------------------------------------------
+class Plan(NamedTuple):
+    """How one all-reduce runs: the decision, and for the kernels their name, grid, block, element
+    count and (op code, AVG divisor)."""
+
+    algorithm: str
+    reason: str
+    kernel: str | None = None
+    grid: int = 0
+    block: int = 0
+    count: int = 0
+    op_code: int = 0
+    avg: int = 0
+
+
+class Planner:
+    """The per-call plans of one group (pure and memoized: no GPU needed)."""
+
+    def __init__(self, world_size: int, check: GroupCheck, max_bytes: int = DEFAULT_MAX_BYTES):
+        self.world_size, self.check, self.max_bytes = world_size, check, max_bytes
+        self.plan = functools.lru_cache(maxsize=256)(self._plan)
+
+    def _plan(self, count: int, dtype: torch.dtype, op: ReduceOp, contiguous: bool = True) -> Plan:
+        if not self.check.usable:
+            return Plan("nccl", self.check.reason)
+        item = torch.empty((), dtype=dtype).element_size()
+        d = decide(count * item, dtype, op, self.world_size, full_nvlink=self.check.full_nvlink,
+                   p2p_ok=True, max_bytes=self.max_bytes, contiguous=contiguous)
+        if d.algorithm == "nccl":
+            return Plan("nccl", d.reason)
+        grid, block = launch_shape(count * item)
+        code, avg = op_args(op, self.world_size)
+        return Plan(d.algorithm, d.reason, kernel_name(d.algorithm, dtype), grid, block, count,
+                    code, avg)
+
+
+# ----- the runtime -------------------------------------------------------------------------------
+def _local_record(device: int | None, host: int) -> PeerRecord:
+    if device is None:
+        return PeerRecord(host, os.getpid(), "")
+    return PeerRecord(host, os.getpid(), str(torch.cuda.get_device_properties(device).uuid))
+
+
+def _visible_uuids() -> list[str]:
+    return [str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())]
+
+
+def _nvlink_pairs(mine: str, uuids: list[str]) -> list[bool]:
+    """NVML's NVLink P2P status from GPU ``mine`` to each GPU of ``uuids`` (torch's uuid strings;
+    all False without pynvml, which makes groups above 2 GPUs fall back)."""
+    try:
+        import pynvml
+    except ImportError:
+        return [False] * len(uuids)
+    pynvml.nvmlInit()
+    try:
+        def handle(u):
+            return pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{u}")
+
+        me = handle(mine)
+        return [u == mine or pynvml.nvmlDeviceGetP2PStatus(
+            me, handle(u), pynvml.NVML_P2P_CAPS_INDEX_NVLINK) == pynvml.NVML_P2P_STATUS_OK
+            for u in uuids]
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _mask(bits: list[bool]) -> int:
+    return sum(1 << j for j, b in enumerate(bits) if b)
+
+
+class CudaIpcAllReduce:
+    """All-reduce of CUDA tensors over CUDA IPC buffers for the GPU ranks of one host.
+
+    Collective: every rank of the group constructs it, with the same ``max_bytes``. Args:
+      exchange: ``exchange(payload) -> every rank's payload`` (e.g. :func:`engine_exchange`).
+      rank, world_size: this rank and the group size.
+      device: this rank's CUDA device index, or None where CUDA is absent.
+      fallback: ``fallback(tensor, op)``, the NCCL all-reduce, for every call the kernels cannot
+        run (logged once per reason).
+      host: the host identity (default ``commlib.topology.host.host_hash()``).
+
+    ``all_reduce(tensor, op)`` reduces in place on torch's current stream of the tensor's device.
+    """
+
+    def __init__(self, exchange: Callable[[bytes], list[bytes]], rank: int, world_size: int,
+                 device: int | None, fallback: Callable, *, max_bytes: int = DEFAULT_MAX_BYTES,
+                 host: int | None = None):
+        if host is None:
+            from ..topology.host import host_hash
+            host = host_hash()
+        self.rank, self.world_size, self.device = rank, world_size, device
+        self.layout = layout(max_bytes)
+        self.fallback = fallback
+        self._logged: set[str] = set()
+        self._opened: list[int] = []
+        self._flag = 0
+        self._buf = None
+        if device is not None and not torch.cuda.is_available():
+            device = self.device = None
+        # round 1: who is where; then each rank tests P2P and NVLink to the peers it can see
+        first = [unpack_record(b) for b in exchange(pack_record(_local_record(device, host)))]
+        mine = first[rank]
+        handle, offset = b"", 0
+        if device is not None:
+            uuids = [r.uuid for r in first]
+            p2p = [p is not None and (p == device or _p2p_ok(device, p))
+                   for p in peer_devices(_visible_uuids(), uuids)]
+            mine = mine._replace(p2p_mask=_mask(p2p), nvlink_mask=_mask(_nvlink_pairs(mine.uuid, uuids)))
+            handle, offset = self._allocate(device)
+        # round 2: the verdicts and the buffers' handles; every rank decides from the same records
+        records = [unpack_record(b) for b in exchange(pack_record(
+            mine._replace(handle=handle, offset=offset)))]
+        self.check = check_group(records)
+        self.planner = Planner(world_size, self.check, max_bytes)
+        if self.check.usable:
+            self._open_peers(records)
+        else:
+            self._release()
+            log.info("cuda_ipc: kernels off for this group: %s; all-reduce uses NCCL",
+                     self.check.reason)
+
+    # ----- setup (GPU only) --------------------------------------------------------------------
+    def _allocate(self, device: int) -> tuple[bytes, int]:
+        """The IPC buffer: torch CUDA memory, zeroed (the flags start at 0) and synchronized
+        before round 2 (a peer may write our flags as soon as it has the handle)."""
+        self._buf = torch.zeros(self.layout.total, dtype=torch.uint8, device=f"cuda:{device}")
+        torch.cuda.synchronize(device)
+        # torch's own IPC export (what torch.multiprocessing sends): the allocation's handle and
+        # this storage's offset inside the caching allocator's block
+        share = self._buf.untyped_storage()._share_cuda_()
+        return bytes(share[1]), int(share[3])
+
+    def _open_peers(self, records: list[PeerRecord]) -> None:
+        import cupy
+
+        runtime = cupy.cuda.runtime
+        bases = []
+        with cupy.cuda.Device(self.device):
+            for j, rec in enumerate(records):
+                if j == self.rank:
+                    bases.append(self._buf.data_ptr())
+                    continue
+                ptr = runtime.ipcOpenMemHandle(rec.handle, runtime.cudaIpcMemLazyEnablePeerAccess)
+                self._opened.append(ptr)
+                bases.append(ptr + rec.offset)
+        lay, dev = self.layout, self._buf.device
+        self._ptrs = torch.tensor([b + lay.data for b in bases], dtype=torch.int64, device=dev)
+        self._tmps = torch.tensor([b + lay.tmp for b in bases], dtype=torch.int64, device=dev)
+        self._sigs = torch.tensor([b + lay.signal for b in bases], dtype=torch.int64, device=dev)
+        self._module = load_module()
+
+    def _release(self) -> None:
+        if self._opened:
+            import cupy
+
+            with cupy.cuda.Device(self.device):
+                for ptr in self._opened:
+                    cupy.cuda.runtime.ipcCloseMemHandle(ptr)
+        self._opened = []
+        self._buf = None
+
+    def close(self) -> None:
+        """Close the peers' handles and drop the buffer (after the last call completed)."""
+        if self._buf is not None:
+            torch.cuda.synchronize(self._buf.device)
+        self._release()
+
+    # ----- calls -------------------------------------------------------------------------------
+    def plan(self, tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM) -> Plan:
+        if self.check.usable and (not tensor.is_cuda or tensor.device.index != self.device):
+            return Plan("nccl", f"tensor on {tensor.device}, the buffers are on cuda:{self.device}")
+        return self.planner.plan(tensor.numel(), tensor.dtype, op, tensor.is_contiguous())
+
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM):
+        p = self.plan(tensor, op)
+        if p.algorithm == "nccl":
+            if p.reason not in self._logged:
+                self._logged.add(p.reason)
+                log.info("cuda_ipc: all_reduce of %d x %s falls back to NCCL: %s",
+                         tensor.numel(), tensor.dtype, p.reason)
+            return self.fallback(tensor, op)
+        self._launch(p, tensor)
+        return None
+
+    def _launch(self, p: Plan, tensor: torch.Tensor) -> None:
+        import cupy
+        import numpy as np
+
+        # the input must sit in the registered buffer where the peers read it: one
+        # device-to-device copy on the current stream (the kernel then writes the caller's tensor)
+        flat = tensor.view(-1)
+        lay = self.layout
+        staged = self._buf[lay.data:lay.data + flat.numel() * flat.element_size()].view(flat.dtype)
+        staged.copy_(flat)
+        self._flag = (self._flag + 1) & 0xFFFFFFFF or 1
+        fn = self._module.get_function(p.kernel)
+        u64, i32 = np.uint64, np.int32
+        head = (u64(self._ptrs.data_ptr()),)
+        if p.algorithm == "twoshot":
+            head += (u64(self._tmps.data_ptr()),)
+        args = head + (u64(self._sigs.data_ptr()), u64(tensor.data_ptr()), u64(p.count),
+                       i32(self.rank), i32(self.world_size), np.uint32(self._flag),
+                       i32(p.op_code), i32(p.avg))
+        stream = torch.cuda.current_stream(tensor.device)
+        with cupy.cuda.Device(self.device), cupy.cuda.ExternalStream(stream.cuda_stream):
+            fn((p.grid,), (p.block,), args)
+
+
+def _p2p_ok(dev_a: int, dev_b: int) -> bool:
+    try:
+        return p2p_works(dev_a, dev_b)
+    except Exception as exc:  # a driver error is a failed test, reported through the records
+        log.info("cuda_ipc: P2P test cuda:%d -> cuda:%d raised %s", dev_a, dev_b, exc)
+        return False

@@ -188,6 +188,37 @@ def say(line):
         f.write(line + "\n")
 
 
+def case_cuda_ipc_runtime_without_gpu():
+    """The cuda_ipc runtime is collective: every rank constructs it over the world's engine. Its
+    exchange returns every rank's record in rank order; without CUDA every rank reaches the same
+    verdict (rank 0 has no CUDA device) and each call takes the fallback, logged once."""
+    from commlib.backends import cuda_ipc as ipc
+    from commlib.group import get_world_group
+
+    world = get_world_group()
+    r, n = world.rank, world.size
+    exchange = ipc.engine_exchange(world.backend)
+    got = exchange(bytes([r, 255 - r]) * 3)
+    assert got == [bytes([j, 255 - j]) * 3 for j in range(n)], got
+    calls = []
+
+    def fallback(t, op):
+        calls.append(op)
+        commlib.all_reduce(t, op)
+
+    rt = ipc.CudaIpcAllReduce(exchange, r, n, None, fallback, host=12345)
+    assert not rt.check.usable and rt.check.reason == "rank 0 has no CUDA device (CUDA is absent there)"
+    for op in ("SUM", "MAX"):
+        t = torch.full((1000,), float(r + 1))
+        assert rt.plan(t, getattr(commlib.ReduceOp, op)).algorithm == "nccl"
+        rt.all_reduce(t, getattr(commlib.ReduceOp, op))
+        want = n * (n + 1) / 2 if op == "SUM" else n
+        assert torch.equal(t, torch.full((1000,), float(want))), (op, t[:4])
+    assert calls == [commlib.ReduceOp.SUM, commlib.ReduceOp.MAX]
+    assert len(rt._logged) == 1
+    rt.close()
+
+
 def die():
     """The last rank starts a multi-chunk all-reduce and is killed inside it."""
     commlib.init()
