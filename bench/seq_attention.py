@@ -11,9 +11,15 @@ For each total sequence length and algorithm it prints, side by side in one run:
   sequence (rank 0, the other ranks sleeping), median over rounds;
 * ``tN``: forward+backward per rank of the sequence-parallel call (slowest rank), median;
 * ``eff = t1 / (N * tN)``: parallel efficiency;
-* ``hidden``: the share of communication hidden behind compute: 1 - (time waiting for transfers
-  after the compute) / (time of the same transfers run alone), ring and rsa; ulysses' all-to-alls
-  are blocking (0 hidden by design), its column shows the all-to-all share of tN instead;
+* ``comm``: the same transfers run alone (no compute in between), median;
+* ``exposed``: transfer time left after the compute: per batch, the wait from the moment this
+  rank finished computing *and* both ring neighbours had posted the batch until it completed
+  (from every rank's (posted, computed, waited) stamps, one host so one clock), summed, slowest
+  rank; ``imbal``: the rest of the wait, spent because a neighbour was still computing (load
+  imbalance and machine noise, not communication);
+* ``hidden = 1 - exposed/comm``: the share of the communication hidden behind compute (ring and
+  rsa); ulysses' all-to-alls are blocking (0 hidden by design), its column shows the all-to-all
+  share of tN instead;
 * ``mem1`` / ``memN``: peak resident memory added by one forward+backward (inputs, outputs,
   gradients, buffers): rank 0 alone on the full sequence vs the largest rank; and their ratio;
 * ``err``: max |out - reference| / max |reference| of the gathered output (a wrong result is
@@ -127,11 +133,11 @@ def comm_alone(args, algorithm: str, local) -> float:
     commlib.barrier()
     t0 = time.perf_counter()
     if algorithm == "rsa":
-        _ring.ring_loop(plan, None, (k,), lambda s, c: None)
-        _ring.ring_loop(plan, None, (v,), lambda s, c: None)
+        _ring.ring_loop(plan, None, (k,), lambda s, c, p: None)
+        _ring.ring_loop(plan, None, (v,), lambda s, c, p: None)
     else:
-        _ring.ring_loop(plan, None, (k, v), lambda s, c: None)
-    _ring.ring_loop(plan, None, (k, v), lambda s, c: [],
+        _ring.ring_loop(plan, None, (k, v), lambda s, c, p: None)
+    _ring.ring_loop(plan, None, (k, v), lambda s, c, p: [],
                     lambda parts, inc: inc if inc is not None else (k.clone(), v.clone()))
     return time.perf_counter() - t0
 
@@ -146,6 +152,28 @@ def a2a_alone(args, local) -> float:
         for t in (q, k, v, do):
             F._seq_to_heads(t, n, None) if t.shape[2] % n == 0 else None
     return time.perf_counter() - t0
+
+
+def wait_split() -> tuple[float, float]:
+    """This call's wait after compute, split with every rank's batch stamps (one host, one
+    monotonic clock) into (imbalance, transfer): the part before both ring neighbours had posted
+    the batch (waiting for a slower rank, not for the network), and the transfer still running
+    after that, which is the communication not hidden behind compute. Max over ranks of each."""
+    trace = _ring.STATS["trace"]
+    n, r = commlib.get_world_size(), commlib.get_rank()
+    mine = torch.tensor(trace, dtype=torch.float64).reshape(-1, 3)
+    every = torch.empty((n,) + mine.shape, dtype=torch.float64)
+    commlib.all_gather_into_tensor(every, mine)
+    posted, computed, waited = mine.unbind(1)
+    peers = torch.maximum(every[(r - 1) % n, :, 0], every[(r + 1) % n, :, 0])
+    ready = torch.maximum(computed, peers)
+    transfer = (waited - ready).clamp(min=0).sum().item()
+    imbalance = (waited - computed).sum().item() - transfer
+    return max_over_ranks(imbalance), max_over_ranks(transfer)
+
+
+def _median(xs) -> float:
+    return statistics.median(xs) if xs else 0.0
 
 
 def max_over_ranks(x: float) -> float:
@@ -182,7 +210,7 @@ def main(argv=None) -> int:
         f"causal {args.causal}, layout {args.layout} (ulysses: contiguous), float32, "
         f"{torch.get_num_threads()} thread per process, {args.rounds} rounds, medians")
     out(f"# {'algorithm':>9} {'seq':>7} {'t1(ms)':>9} {'tN(ms)':>9} {'eff':>6} {'hidden':>7} "
-        f"{'comm(ms)':>9} {'exposed':>8} {'mem1(MiB)':>10} {'memN(MiB)':>10} {'memN/mem1':>9} {'err':>9}")
+        f"{'comm(ms)':>9} {'exposed':>8} {'imbal':>7} {'mem1(MiB)':>10} {'memN(MiB)':>10} {'memN/mem1':>9} {'err':>9}")
     rows = []
     for s in args.seq:
         full = inputs(args, s)
@@ -202,7 +230,7 @@ def main(argv=None) -> int:
             else:
                 sleep_until(0)
                 err = 0.0
-            t1s, tns, exposed, alone = [], [], [], []
+            t1s, tns, exposed, alone, imbalance = [], [], [], [], []
             for _ in range(args.rounds):
                 if rank == 0:  # the one-process reference, the other ranks asleep
                     t0 = time.perf_counter()
@@ -212,11 +240,14 @@ def main(argv=None) -> int:
                 else:
                     sleep_until(0)
                 commlib.barrier()
-                _ring.reset_stats()
+                _ring.reset_stats(trace=True)
                 t0 = time.perf_counter()
                 parallel(args, algorithm, local)
                 tns.append(max_over_ranks(time.perf_counter() - t0))
-                exposed.append(max_over_ranks(_ring.STATS["wait_s"]))
+                if algorithm != "ulysses":
+                    imb, xfer = wait_split()
+                    imbalance.append(imb)
+                    exposed.append(xfer)
                 alone.append(max_over_ranks(comm_alone(args, algorithm, local) if algorithm != "ulysses"
                                             else a2a_alone(args, local)))
             t1 = statistics.median(t1s) if rank == 0 else 0.0
@@ -226,7 +257,7 @@ def main(argv=None) -> int:
                 hidden = 0.0
             else:
                 c = statistics.median(alone)
-                hidden = max(0.0, min(1.0, 1 - statistics.median(exposed) / c)) if c > 0 else 1.0
+                hidden = max(0.0, min(1.0, 1 - _median(exposed) / c)) if c > 0 else 1.0
                 hidden_text = f"{hidden:.0%}" if n > 1 else "-"
             # memory: one forward+backward each, rank 0 alone first
             if rank == 0:
@@ -243,11 +274,12 @@ def main(argv=None) -> int:
                 row = dict(algorithm=algorithm, seq=s, ranks=n, t1_ms=t1 * 1e3, tn_ms=tn * 1e3,
                            efficiency=eff, hidden=hidden, mem1_mib=mem1 / mib, memn_mib=mem_n / mib,
                            mem_ratio=mem_n / mem1, err=err, comm_ms=statistics.median(alone) * 1e3,
-                           exposed_ms=statistics.median(exposed) * 1e3, t1_rounds=t1s, tn_rounds=tns)
+                           exposed_ms=_median(exposed) * 1e3, imbalance_ms=_median(imbalance) * 1e3,
+                           t1_rounds=t1s, tn_rounds=tns)
                 rows.append(row)
                 out(f"  {algorithm:>9} {s:>7} {t1 * 1e3:>9.1f} {tn * 1e3:>9.1f} {eff:>6.1%} "
                     f"{hidden_text:>7} {statistics.median(alone) * 1e3:>9.1f} "
-                    f"{statistics.median(exposed) * 1e3:>8.1f} {mem1 / mib:>10.1f} {mem_n / mib:>10.1f} "
+                    f"{_median(exposed) * 1e3:>8.1f} {_median(imbalance) * 1e3:>7.1f} {mem1 / mib:>10.1f} {mem_n / mib:>10.1f} "
                     f"{mem_n / mem1:>9.1%} {err:>9.2e}", flush=True)
     if rank == 0:
         budget_report(args, rows, n, out)

@@ -162,6 +162,5 @@ def merge_(out: torch.Tensor, lse: torch.Tensor, out2: torch.Tensor, lse2: torch
     (lse2 = -inf) leaves it unchanged; a row with neither stays (0, -inf) instead of NaN."""
     w = torch.sigmoid(lse2 - lse)
     w = torch.nan_to_num_(w, nan=0.0).unsqueeze(-1)  # -inf - -inf: neither side has a key
-    diff = out - out2.to(out.dtype)
-    out.sub_(diff.mul_(w))
+    out.lerp_(out2.to(out.dtype), w)  # the same formula in one pass over out, no temporary
     torch.logaddexp(lse, lse2, out=lse)

@@ -7,14 +7,24 @@ holds, then waits: double buffering with one step of lookahead, so the transfer 
 block computes. In the backward pass the gradient accumulators of each K/V block travel the same
 way one step behind their block and arrive home after a last hop.
 
+Why the compute polls. With one thread per rank, an MPI engine moves a large (rendezvous) message
+only inside MPI calls: posted before a kernel and waited for after it, the transfer would start
+at the wait and none of it would be hidden. So every compute callback works in sub-blocks (one KV
+head each) and calls ``poll()`` between them, which tests the step's requests
+(``Work.is_completed``): the engine answers the peer's handshake and moves the data while the
+next sub-block computes. Measured here (bench/seq_attention.py, 2 ranks): the transfer left to
+wait for after the compute went from the whole transfer to about nothing.
+
 Messages per call, on a ring of N > 1 (N = 1 sends nothing):
 
 * ring forward: N-1 batches, each sending K and V and receiving the next K and V;
 * ring backward: N-1 K/V hops plus N hops of the (dK, dV) accumulators, in N+1 batches;
 * rsa forward: N-1 hops of K then N-1 hops of V; rsa backward as the ring backward.
 
-Time spent in each phase is recorded in :data:`STATS` (the benchmark reads it to report how much
-of the communication was hidden behind compute).
+Time spent in each phase is recorded in :data:`STATS`; with ``STATS["trace"]`` set to a list, every
+batch also appends its (posted, compute done, wait done) ``time.perf_counter`` stamps. The
+benchmark lines the stamps up across ranks (one host: one monotonic clock) to split the wait into
+load imbalance (a peer had not posted yet) and transfer still running after the compute.
 """
 
 from __future__ import annotations
@@ -35,12 +45,13 @@ __all__ = ["ring_loop", "STATS", "reset_stats", "RingAttention", "RSAAttention",
 _clock = time.perf_counter
 
 # Seconds spent computing blocks, and waiting for transfers after the compute (exposed
-# communication), summed over calls; batches posted.
-STATS = {"compute_s": 0.0, "wait_s": 0.0, "batches": 0}
+# communication), summed over calls; batches posted; polls made during compute; trace: None, or
+# a list that receives (posted, computed, waited) stamps per batch.
+STATS = {"compute_s": 0.0, "wait_s": 0.0, "batches": 0, "polls": 0, "trace": None}
 
 
-def reset_stats() -> None:
-    STATS.update(compute_s=0.0, wait_s=0.0, batches=0)
+def reset_stats(trace: bool = False) -> None:
+    STATS.update(compute_s=0.0, wait_s=0.0, batches=0, polls=0, trace=[] if trace else None)
 
 
 _TAG_MOVE, _TAG_CARRY = 0, 8  # tags of traveling blocks and of traveling accumulators (+ index)
@@ -62,17 +73,34 @@ def _post(ops: list) -> list:
     return commlib.batch_isend_irecv(ops)
 
 
-def _wait(works: list) -> None:
-    t0 = _clock()
+def _wait(works: list, posted: float, computed: float) -> None:
     for w in works:
         w.wait()
-    STATS["wait_s"] += _clock() - t0
+    done = _clock()
+    STATS["wait_s"] += done - computed
+    if STATS["trace"] is not None:
+        STATS["trace"].append((posted, computed, done))
+
+
+def _poller(works: list) -> Callable[[], None]:
+    """What the compute calls between sub-blocks: test the step's requests, which lets the engine
+    progress them (a test of a finished request is a flag check)."""
+    def poll():
+        STATS["polls"] += 1
+        for w in works:
+            w.is_completed()
+    return poll
+
+
+def _no_poll() -> None:
+    pass
 
 
 def ring_loop(plan: RingPlan, group, moving: Sequence[torch.Tensor], compute: Callable,
               carry: Callable | None = None):
     """Pass ``moving`` (this rank's blocks) around the ring; at each step call
-    ``compute(step, current_blocks)``.
+    ``compute(step, current_blocks, poll)`` (``poll()`` between sub-blocks progresses the
+    step's transfers).
 
     Without ``carry``: returns None. With ``carry``: ``compute`` returns this rank's contribution
     to the current block's accumulators (or None); ``carry(contribution, incoming)`` adds it to the
@@ -89,11 +117,12 @@ def ring_loop(plan: RingPlan, group, moving: Sequence[torch.Tensor], compute: Ca
         if carry is not None and step.index > 0:
             incoming = tuple(torch.empty_like(a) for a in acc)
             ops += _exchange(group, plan, acc, incoming, _TAG_CARRY)
-        works = _post(ops)
         t0 = _clock()
-        contribution = compute(step, cur)
-        STATS["compute_s"] += _clock() - t0
-        _wait(works)
+        works = _post(ops)
+        contribution = compute(step, cur, _poller(works) if works else _no_poll)
+        t1 = _clock()
+        STATS["compute_s"] += t1 - t0
+        _wait(works, t0, t1)
         if carry is not None:
             acc = carry(contribution, incoming)
         cur = nxt
@@ -101,7 +130,8 @@ def ring_loop(plan: RingPlan, group, moving: Sequence[torch.Tensor], compute: Ca
         return None
     if plan.size > 1:  # the last hop: the accumulators of this rank's own block come home
         home = tuple(torch.empty_like(a) for a in acc)
-        _wait(_post(_exchange(group, plan, acc, home, _TAG_CARRY)))
+        t0 = _clock()
+        _wait(_post(_exchange(group, plan, acc, home, _TAG_CARRY)), t0, t0)
         acc = home
     return acc
 
@@ -114,21 +144,20 @@ def _bhsd(t: torch.Tensor) -> torch.Tensor:
     return t.transpose(1, 2)
 
 
-def _carry_kv(chunk: int):
-    """``carry`` for (dK, dV) accumulators kept in the user's (b, s, h_kv, d) layout: add this
-    rank's partial gradients (list of (first key chunk, last, dk, dv) in (b, h, s, d) views)."""
+def _carry_kv(chunk: int, like: Sequence[torch.Tensor]):
+    """``carry`` for (dK, dV) accumulators kept in the user's (b, s, h_kv, d) layout, shaped like
+    ``like``: add this rank's partial gradients (list of (first key chunk, last, KV head slice,
+    dk, dv) in (b, h, s, d) views). At step 0 (the own block) the parts cover every key and head
+    once (plan_ring's step 0 is one call over the whole block), so they are copied, not added."""
     def carry(parts, incoming):
-        if incoming is None:  # step 0: the own block, whose first call covers every key
-            (k0, k1, dk, dv), rest = parts[0], parts[1:]
-            acc = (_bhsd(dk).to(_acc_dtype(dk.dtype)).contiguous(),
-                   _bhsd(dv).to(_acc_dtype(dv.dtype)).contiguous())
-            assert (k0, k1) == (0, acc[0].shape[1] // chunk)
-        else:
-            acc, rest = incoming, parts or ()
-        for k0, k1, dk, dv in rest:
+        first = incoming is None
+        acc = tuple(torch.empty(t.shape, dtype=_acc_dtype(t.dtype), device=t.device)
+                    for t in like) if first else incoming
+        for k0, k1, heads, dk, dv in parts or ():
             rows = slice(k0 * chunk, k1 * chunk)
-            acc[0][:, rows].add_(_bhsd(dk))
-            acc[1][:, rows].add_(_bhsd(dv))
+            for a, g in ((acc[0], dk), (acc[1], dv)):
+                dst = a[:, rows, heads]
+                (dst.copy_ if first else dst.add_)(_bhsd(g))
         return acc
     return carry
 
@@ -144,7 +173,8 @@ def head_groups(h: int, hk: int, chunks: int):
 class RingAttention(torch.autograd.Function):
     """Blockwise ring attention. The ring runs once per head group (``chunks`` groups of whole KV
     heads, one after the other): every in-flight buffer is 1/chunks of the rank's K/V, at the
-    price of ``chunks`` times the messages (each 1/chunks the size)."""
+    price of ``chunks`` times the messages (each 1/chunks the size). Inside a step the block is
+    computed one KV head (with its query heads) at a time, polling the transfers in between."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, group, plan, chunks):
@@ -156,18 +186,21 @@ class RingAttention(torch.autograd.Function):
         lse_acc = torch.empty(b, h, sl, dtype=acc_dtype, device=q.device)
         for qh, kh in head_groups(h, k.shape[2], chunks):
             qt, out_g, lse_g = _bhsd(q)[:, qh], out_acc[:, qh], lse_acc[:, qh]
+            subs = head_groups(qt.shape[1], kh.stop - kh.start, kh.stop - kh.start)
 
-            def compute(step, cur, qt=qt, out_g=out_g, lse_g=lse_g):
+            def compute(step, cur, poll, qt=qt, out_g=out_g, lse_g=lse_g, subs=subs):
                 kt, vt = _bhsd(cur[0]), _bhsd(cur[1])
                 for call in step.calls:
                     rows, cols = slice(call.q0 * c, call.q1 * c), slice(call.k0 * c, call.k1 * c)
-                    o, lse = ops.forward(qt[:, :, rows], kt[:, :, cols], vt[:, :, cols],
-                                         call.causal, scale)
-                    if step.index == 0:  # covers every row (plan_ring guarantees it)
-                        out_g.copy_(o)
-                        lse_g.copy_(lse)
-                    else:
-                        merge_(out_g[:, :, rows], lse_g[:, :, rows], o, lse)
+                    for sq, sk in subs:
+                        o, lse = ops.forward(qt[:, sq, rows], kt[:, sk, cols], vt[:, sk, cols],
+                                             call.causal, scale)
+                        if step.index == 0:  # covers every row (plan_ring guarantees it)
+                            out_g[:, sq].copy_(o)
+                            lse_g[:, sq].copy_(lse)
+                        else:
+                            merge_(out_g[:, sq, rows], lse_g[:, sq, rows], o, lse)
+                        poll()
 
             ring_loop(plan, group, (k[:, :, kh], v[:, :, kh]), compute)
         out = out_acc.to(q.dtype)  # (b, h, s, d) view of (b, s, h, d) memory
@@ -182,29 +215,38 @@ class RingAttention(torch.autograd.Function):
         scale, group, plan, c, chunks = ctx.args
         ops = block_ops(q.device, q.dtype)
         dq_acc = torch.empty(q.shape, dtype=_acc_dtype(q.dtype), device=q.device)
-        dks, dvs = [], []
+        # one head group: the ring's accumulators are the gradients (no copy)
+        dk_acc = torch.empty_like(k) if chunks > 1 else None
+        dv_acc = torch.empty_like(v) if chunks > 1 else None
         for qh, kh in head_groups(q.shape[2], k.shape[2], chunks):
             qt, dot, out_g, lse_g = _bhsd(q)[:, qh], _bhsd(dout)[:, qh], out[:, qh], lse[:, qh]
             dq_g = _bhsd(dq_acc)[:, qh]
+            subs = head_groups(qt.shape[1], kh.stop - kh.start, kh.stop - kh.start)
 
-            def compute(step, cur, qt=qt, dot=dot, out_g=out_g, lse_g=lse_g, dq_g=dq_g):
+            def compute(step, cur, poll, qt=qt, dot=dot, out_g=out_g, lse_g=lse_g, dq_g=dq_g,
+                        subs=subs):
                 kt, vt = _bhsd(cur[0]), _bhsd(cur[1])
                 parts = []
                 for call in step.calls:
                     rows, cols = slice(call.q0 * c, call.q1 * c), slice(call.k0 * c, call.k1 * c)
-                    dq, dk, dv = ops.backward(dot[:, :, rows], qt[:, :, rows], kt[:, :, cols],
-                                              vt[:, :, cols], out_g[:, :, rows], lse_g[:, :, rows],
-                                              call.causal, scale)
-                    (dq_g.copy_ if step.index == 0 else dq_g[:, :, rows].add_)(dq)
-                    parts.append((call.k0, call.k1, dk, dv))
+                    for sq, sk in subs:
+                        dq, dk, dv = ops.backward(dot[:, sq, rows], qt[:, sq, rows],
+                                                  kt[:, sk, cols], vt[:, sk, cols],
+                                                  out_g[:, sq, rows], lse_g[:, sq, rows],
+                                                  call.causal, scale)
+                        (dq_g[:, sq].copy_ if step.index == 0 else dq_g[:, sq, rows].add_)(dq)
+                        parts.append((call.k0, call.k1, sk, dk, dv))
+                        poll()
                 return parts
 
-            dk, dv = ring_loop(plan, group, (k[:, :, kh], v[:, :, kh]), compute, _carry_kv(c))
-            dks.append(dk.to(k.dtype))
-            dvs.append(dv.to(v.dtype))
-        dk = dks[0] if chunks == 1 else torch.cat(dks, dim=2)
-        dv = dvs[0] if chunks == 1 else torch.cat(dvs, dim=2)
-        return dq_acc.to(q.dtype), dk, dv, None, None, None, None, None
+            moving = (k[:, :, kh], v[:, :, kh])
+            dk, dv = ring_loop(plan, group, moving, compute, _carry_kv(c, moving))
+            if dk_acc is None:
+                dk_acc, dv_acc = dk.to(k.dtype), dv.to(v.dtype)
+            else:
+                dk_acc[:, :, kh].copy_(dk)
+                dv_acc[:, :, kh].copy_(dv)
+        return dq_acc.to(q.dtype), dk_acc, dv_acc, None, None, None, None, None
 
 
 # ----- RSA: the paper's two ring passes over materialized score rows -------------------------
@@ -225,10 +267,13 @@ class RSAAttention(torch.autograd.Function):
         s = torch.empty(b, hk, g, sl, n, sl, dtype=acc, device=q.device)
         qpos = positions(plan.layout, plan.rank, n, sl).to(q.device)
 
-        def scores(step, cur):
+        def scores(step, cur, poll):
             kt = _bhsd(cur[0]).to(acc).unsqueeze(2)  # (b, hk, 1, sl, d)
             blk = s[:, :, :, :, step.source]
-            torch.mul(torch.matmul(qg, kt.transpose(-1, -2)), scale, out=blk)
+            for j in range(hk):  # one KV head at a time, polling the transfer in between
+                torch.mul(torch.matmul(qg[:, j], kt[:, j].transpose(-1, -2)), scale,
+                          out=blk[:, j])
+                poll()
             if causal:
                 kpos = positions(plan.layout, step.source, n, sl).to(q.device)
                 blk.masked_fill_(kpos.view(1, -1) > qpos.view(-1, 1), float("-inf"))
@@ -240,8 +285,11 @@ class RSAAttention(torch.autograd.Function):
         o = torch.zeros(b, hk, g, sl, v.shape[3], dtype=acc, device=q.device)
         pb = p.view(b, hk, g, sl, n, sl)
 
-        def values(step, cur):
-            o.add_(torch.matmul(pb[:, :, :, :, step.source], _bhsd(cur[0]).to(acc).unsqueeze(2)))
+        def values(step, cur, poll):
+            vt = _bhsd(cur[0]).to(acc).unsqueeze(2)
+            for j in range(hk):
+                o[:, j].add_(torch.matmul(pb[:, j, :, :, step.source], vt[:, j]))
+                poll()
 
         ring_loop(plan, group, (v,), values)
         out = o.reshape(b, h, sl, -1).to(q.dtype)
@@ -260,17 +308,21 @@ class RSAAttention(torch.autograd.Function):
         qt, dot = _bhsd(q), _bhsd(dout)
         delta = (dot.to(p.dtype) * out.to(p.dtype)).sum(-1)
         pb = p.view(*p.shape[:4], n, sl)
-        state = {}
 
-        def compute(step, cur):
-            dq, dk, dv = math_grads_from_p(pb[:, :, :, :, step.source], dot, qt, _bhsd(cur[0]),
-                                           _bhsd(cur[1]), delta, scale)
-            if step.index == 0:
-                state["dq"] = dq.to(p.dtype)
-            else:
-                state["dq"].add_(dq)
-            return [(0, 1, dk, dv)]
+        heads = head_groups(h, k.shape[2], k.shape[2])
+        state = {"dq": torch.empty(b, h, sl, d, dtype=p.dtype, device=q.device)}
 
-        dk, dv = ring_loop(plan, group, (k, v), compute, _carry_kv(sl))
+        def compute(step, cur, poll):
+            kt, vt = _bhsd(cur[0]), _bhsd(cur[1])
+            parts = []
+            for j, (sq, sk) in enumerate(heads):  # one KV head at a time, polling in between
+                dq, dk, dv = math_grads_from_p(pb[:, j:j + 1, :, :, step.source], dot[:, sq],
+                                               qt[:, sq], kt[:, sk], vt[:, sk], delta[:, sq], scale)
+                (state["dq"][:, sq].copy_ if step.index == 0 else state["dq"][:, sq].add_)(dq)
+                parts.append((0, 1, sk, dk, dv))
+                poll()
+            return parts
+
+        dk, dv = ring_loop(plan, group, (k, v), compute, _carry_kv(sl, (k, v)))
         return (_bhsd(state["dq"]).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
                 None, None, None, None, None)
