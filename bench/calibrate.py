@@ -22,6 +22,7 @@ under ``<backend>/<N>``: run it once per group size you use (e.g. N = 2, 3, 4).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -35,7 +36,7 @@ from commlib.algorithms import algorithm_names
 from commlib.collectives import _ctx
 from commlib.kernels import reduce_
 from commlib.ops import ReduceOp
-from commlib.tuning.calibration import fit_alpha_beta, save_entry, tuning_path
+from commlib.tuning.calibration import fit_alpha_beta, load, save_entry, tuning_path
 from commlib.tuning.model import SHM_ALGORITHMS, Curve, LinkCost
 
 torch.set_num_threads(1)
@@ -136,6 +137,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None, help="tuning file (default: COMMLIB_TUNING_FILE, "
                         "else the per-host cache)")
     parser.add_argument("--quick", action="store_true", help="shorter loops, fewer rounds")
+    parser.add_argument("--if-missing", action="store_true",
+                        help="do nothing when the tuning file already has this group size")
     args = parser.parse_args(argv)
     commlib.init()
     group = commlib.get_world_group()
@@ -143,6 +146,13 @@ def main(argv=None) -> int:
     p, rank = group.size, group.rank
     target, rounds = (0.02, 3) if args.quick else (0.1, 5)
     out = args.out or str(tuning_path())
+    if args.if_missing:
+        entry = f"{group.backend.name}/{p}"
+        if os.path.exists(out) and entry in load(out)["groups"]:
+            if rank == 0:
+                print(f"# commlib calibration: {out} already has {entry}; nothing to do")
+            commlib.finalize()
+            return 0
 
     points = p2p_points(group, comm, target, rounds) if p > 1 else {8: 0.0, 16: 0.0}
     alpha, beta = fit_alpha_beta(points) if p > 1 else (0.0, 0.0)

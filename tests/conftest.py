@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -30,7 +31,10 @@ def base_env(**extra) -> dict:
     env = dict(os.environ)
     for key in [k for k in env if k.startswith("COMMLIB_")]:
         del env[key]
-    env.update(OMP_NUM_THREADS="1", COMMLIB_TIMEOUT="60", PYTHONPATH=str(ROOT))
+    # No calibration from this machine's cache (~/.cache/commlib): every run, here or on a fresh
+    # CI machine, selects from the same uncalibrated model.
+    env.update(OMP_NUM_THREADS="1", COMMLIB_TIMEOUT="60", PYTHONPATH=str(ROOT),
+               XDG_CACHE_HOME=os.path.join(tempfile.gettempdir(), "commlib-tests-cache"))
     env.update({k: str(v) for k, v in extra.items()})
     return env
 

@@ -343,7 +343,8 @@ def predict(collective: str, nbytes: int, p: int, table: Table,
         if "native" in measured:
             out.append(Prediction("native", measured["native"](nbytes), "measured"))
         else:
-            flat = [x for x in out if x.how == "formula" and x.algorithm not in SHM_ALGORITHMS]
+            flat = [x for x in out if x.how == "formula" and x.algorithm in formulas
+                    and x.algorithm not in SHM_ALGORITHMS]
             if flat:
                 cheapest = min(flat, key=lambda x: x.seconds)
                 out.append(Prediction("native", cheapest.seconds, f"formula ({cheapest.algorithm})"))
