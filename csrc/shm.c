@@ -47,6 +47,12 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
+#ifdef __linux__
+#include <limits.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#endif
 
 #include "reduce_math.h"
 
@@ -65,8 +71,48 @@
 
 typedef struct {
     _Atomic uint64_t step;
-    char pad[CL_LINE - sizeof(uint64_t)];
+    _Atomic uint32_t waiters; /* ranks asleep in futex_wait on this flag */
+    char pad[CL_LINE - sizeof(uint64_t) - sizeof(uint32_t)];
 } flag_t;
+
+/* ----- sleeping on a flag ------------------------------------------------------------------ */
+/* A rank that has spun long enough sleeps in FUTEX_WAIT on the low 32 bits of the flag it waits
+ * for; the owner of that flag wakes it after publishing a step. Measured on 4 ranks over 2 cores:
+ * sched_yield hands the core to whichever task is next (often another waiting rank), while a
+ * sleeping waiter leaves it to the rank that has work (see docs/shm.md, "Waiting").
+ * No lost wake-up: the waiter increments `waiters` then re-reads the flag, the owner stores the
+ * flag then reads `waiters`, all sequentially consistent, so one of them sees the other; and the
+ * kernel re-checks the flag word before sleeping. Sleeps are bounded (CL_SLEEP_NS) so that dead
+ * peers and signals are still noticed. */
+#define CL_SLEEP_NS 2000000L
+#ifdef __linux__
+static inline uint32_t *flag_word(flag_t *f) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    return (uint32_t *)&f->step + 1;
+#else
+    return (uint32_t *)&f->step;
+#endif
+}
+
+static void flag_wake(flag_t *f) {
+    if (atomic_load_explicit(&f->waiters, memory_order_seq_cst) != 0)
+        syscall(SYS_futex, flag_word(f), FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+/* Sleep until flag f may have reached `need` (or CL_SLEEP_NS passed). */
+static void flag_sleep(flag_t *f, uint64_t need) {
+    atomic_fetch_add_explicit(&f->waiters, 1, memory_order_seq_cst);
+    uint64_t seen = atomic_load_explicit(&f->step, memory_order_seq_cst);
+    if (seen < need) {
+        struct timespec ts = {0, CL_SLEEP_NS};
+        syscall(SYS_futex, flag_word(f), FUTEX_WAIT, (uint32_t)seen, &ts, NULL, 0);
+    }
+    atomic_fetch_sub_explicit(&f->waiters, 1, memory_order_seq_cst);
+}
+#else
+static void flag_wake(flag_t *f) { (void)f; }
+static void flag_sleep(flag_t *f, uint64_t need) { (void)f; (void)need; sched_yield(); }
+#endif
 
 typedef struct {
     uint64_t magic;
@@ -186,6 +232,7 @@ typedef struct {
     int n, rank;
     size_t slot;
     long spin;
+    int sleep;         /* 1: wait in futex on the lagging flag; 0: sched_yield */
     int64_t next_step; /* first step of the next operation issued */
     int64_t done_step; /* last step this rank has completed (read) */
     ShmOp **fifo;      /* started, unfinished operations in issue order (strong references) */
@@ -313,7 +360,8 @@ static int advance(ShmOp *op) {
             if (g->done_step != s - 1)
                 return 0; /* an earlier operation of this segment is still running */
             do_write(op, op->cur);
-            atomic_store_explicit(&g->flags[g->rank].step, (uint64_t)s, memory_order_release);
+            atomic_store_explicit(&g->flags[g->rank].step, (uint64_t)s, memory_order_seq_cst);
+            flag_wake(&g->flags[g->rank]);
             op->phase = 1;
         }
         for (int j = 0; j < g->n; j++)
@@ -467,8 +515,20 @@ static int op_start(ShmOp *op) {
     return 0;
 }
 
-/* Block until `op` is done: spin `spin` polls, then sched_yield with the GIL released (the
- * watchdog thread of COMMLIB_TIMEOUT_MODE=abort runs meanwhile), looking for dead peers. */
+/* Sleep on the first peer flag behind the step this rank is in (done_step + 1). */
+static void wait_for_peers(Segment *g) {
+    uint64_t need = (uint64_t)(g->done_step + 1);
+    for (int j = 0; j < g->n; j++) {
+        if (atomic_load_explicit(&g->flags[j].step, memory_order_acquire) < need) {
+            flag_sleep(&g->flags[j], need);
+            return;
+        }
+    }
+}
+
+/* Block until `op` is done: spin `spin` polls, then sleep on the lagging peer's flag (futex)
+ * with the GIL released (the watchdog thread of COMMLIB_TIMEOUT_MODE=abort runs meanwhile),
+ * looking for dead peers. */
 static int op_run(ShmOp *op) {
     Segment *g = op->seg;
     if (progress(op)) {
@@ -488,13 +548,16 @@ static int op_run(ShmOp *op) {
         }
         if (ts == NULL)
             ts = PyEval_SaveThread();
-        sched_yield();
-        if ((polls & 1023) == 0) {
+        if (g->sleep)
+            wait_for_peers(g);
+        else
+            sched_yield();
+        if ((polls & 15) == 0) {
             dead = dead_peer(g, (uint64_t)(op->s0 + op->cur));
             if (dead >= 0)
                 break;
         }
-        if ((polls & 65535) == 0) {
+        if ((polls & 255) == 0) {
             PyEval_RestoreThread(ts);
             ts = NULL;
             if (PyErr_CheckSignals() < 0)
@@ -671,6 +734,7 @@ static int Segment_init(Segment *g, PyObject *args, PyObject *kw) {
     g->rank = rank;
     g->slot = (size_t)slot;
     g->spin = spin;
+    g->sleep = 1;
     g->next_step = 1;
     g->done_step = 0;
     Py_INCREF(group_name);
@@ -767,6 +831,19 @@ static int Segment_set_spin(Segment *g, PyObject *v, void *unused) {
     return 0;
 }
 
+static PyObject *Segment_get_sleep(Segment *g, void *unused) { return PyBool_FromLong(g->sleep); }
+
+static int Segment_set_sleep(Segment *g, PyObject *v, void *unused) {
+    int b = v ? PyObject_IsTrue(v) : -1;
+    if (b < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "sleep must be a bool");
+        return -1;
+    }
+    g->sleep = b;
+    return 0;
+}
+
 static PyObject *Segment_get_int(Segment *g, void *which) {
     switch ((intptr_t)which) {
     case 0: return PyLong_FromLong(g->n);
@@ -794,6 +871,9 @@ static PyGetSetDef Segment_getset[] = {
     {"next_step", (getter)Segment_get_int, NULL, "first step of the next operation", (void *)4},
     {"closed", (getter)Segment_get_int, NULL, "unmapped", (void *)5},
     {"spin", (getter)Segment_get_spin, (setter)Segment_set_spin, "polls before yielding", NULL},
+    {"sleep", (getter)Segment_get_sleep, (setter)Segment_set_sleep,
+     "after spinning: True sleeps on the lagging peer's flag (futex), False calls sched_yield",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

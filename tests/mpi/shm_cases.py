@@ -84,6 +84,19 @@ def case_segment():
     assert g.shm is not None and g.shm.size == n and g.shm.rank == g.rank
     MPI.COMM_WORLD.Barrier()
     assert not [f for f in os.listdir("/dev/shm") if f.startswith("commlib-")], os.listdir("/dev/shm")
+    # both ways of waiting once spinning stops (spin 0: every wait sleeps / yields at once), with
+    # ranks arriving late by turns so that waits really happen
+    assert g.shm.sleep is True  # futex by default
+    spin = g.shm.spin
+    for sleep in (True, False):
+        g.shm.sleep, g.shm.spin = sleep, 0
+        for i in range(40):
+            if i % n == g.rank:
+                time.sleep(0.002)
+            t = torch.full((3000,), float(g.rank + i))
+            commlib.all_reduce(t, algorithm="shm_oneshot" if i % 2 else "shm_twoshot")
+            assert torch.equal(t, torch.full((3000,), float(n * (n - 1) // 2 + n * i))), (sleep, i)
+    g.shm.sleep, g.shm.spin = True, spin
 
 
 def case_all_reduce():
