@@ -3,7 +3,8 @@
     mpirun -n N python bench/calibrate.py [--out FILE] [--quick]
 
 For the group of all N ranks it measures, with every rank busy at once (so oversubscribed cores
-count):
+count; ranks on several hosts measure each link class: ``shm`` inside every host at once, ``net``
+between hosts with one pair crossing, ``net_rails`` with every local rank's pair crossing at once):
 
 * α and β of the link between ranks (``shm`` on one host): a ring shift through commlib's own
   point-to-point step path (the backend's isend/irecv driven by the progress loop, exactly as an
@@ -36,7 +37,8 @@ from commlib.algorithms import algorithm_names
 from commlib.collectives import _ctx
 from commlib.kernels import reduce_
 from commlib.ops import ReduceOp
-from commlib.tuning.calibration import fit_alpha_beta, load, save_entry, tuning_path
+from commlib.algorithms.hierarchical import host_layout
+from commlib.tuning.calibration import entry_key, fit_alpha_beta, load, save_entry, tuning_path
 from commlib.tuning.model import SHM_ALGORITHMS, Curve, LinkCost
 
 torch.set_num_threads(1)
@@ -72,7 +74,8 @@ def _shift_steps(ctx, send, recv, steps):
 
 
 def p2p_points(group, comm, target, rounds, steps=4) -> dict[int, float]:
-    """Seconds per ring-shift step at each size."""
+    """Seconds per ring-shift step at each size, on ``group`` (``comm``: its MPI communicator,
+    for the timing barriers)."""
     points = {}
     for nbytes in P2P_SIZES:
         send = torch.zeros(nbytes, dtype=torch.uint8)
@@ -137,6 +140,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None, help="tuning file (default: COMMLIB_TUNING_FILE, "
                         "else the per-host cache)")
     parser.add_argument("--quick", action="store_true", help="shorter loops, fewer rounds")
+    parser.add_argument("--max-bytes", type=int, default=None,
+                        help="measure sizes up to this many bytes only (a quick check)")
     parser.add_argument("--if-missing", action="store_true",
                         help="do nothing when the tuning file already has this group size")
     args = parser.parse_args(argv)
@@ -145,28 +150,58 @@ def main(argv=None) -> int:
     comm = MPI.COMM_WORLD
     p, rank = group.size, group.rank
     target, rounds = (0.02, 3) if args.quick else (0.1, 5)
+    if args.max_bytes is not None:
+        global P2P_SIZES, NATIVE_SIZES, GAMMA_SIZES
+        P2P_SIZES = [n for n in P2P_SIZES if n <= args.max_bytes] or P2P_SIZES[:2]
+        NATIVE_SIZES = [n for n in NATIVE_SIZES if n <= args.max_bytes] or NATIVE_SIZES[:2]
+        GAMMA_SIZES = GAMMA_SIZES[:1]
     out = args.out or str(tuning_path())
     if args.if_missing:
-        entry = f"{group.backend.name}/{p}"
+        layout = host_layout(group.backend)
+        entry = entry_key(group.backend.name, p, len(layout.hosts) if layout.spans_hosts else 1)
         if os.path.exists(out) and entry in load(out)["groups"]:
             if rank == 0:
                 print(f"# commlib calibration: {out} already has {entry}; nothing to do")
             commlib.finalize()
             return 0
 
-    points = p2p_points(group, comm, target, rounds) if p > 1 else {8: 0.0, 16: 0.0}
-    alpha, beta = fit_alpha_beta(points) if p > 1 else (0.0, 0.0)
+    layout = host_layout(group.backend)
+    hosts = len(layout.hosts) if layout.spans_hosts else 1
+    key = entry_key(group.backend.name, p, hosts)
+    links: dict[str, dict[int, float]] = {}
+    if p > 1 and hosts == 1:
+        links["shm"] = p2p_points(group, comm, target, rounds)
+    elif p > 1:
+        if not layout.uniform:
+            raise SystemExit(f"bench/calibrate.py: hosts have different rank counts {layout.hosts}; "
+                             "calibrate with the same number of ranks on every host")
+        per_host = layout.ranks_per_host
+        mesh = commlib.Mesh.from_topology((hosts, per_host), ("rail", "local"))
+        rail = mesh.group("rail")
+        if per_host > 1:  # every host at once, as in a hierarchical algorithm's intra stage
+            intra = mesh.group("local")
+            links["shm"] = p2p_points(intra, intra.backend.comm, target, rounds)
+        links["net_rails"] = p2p_points(rail, rail.backend.comm, target, rounds)  # all rails at once
+        if mesh.coordinate("local") == 0:  # one rail alone: a flat algorithm's host crossing
+            links["net"] = p2p_points(rail, rail.backend.comm, target, rounds)
+        comm.Barrier()
     g = gamma(comm, target, rounds)
     measured = curves(group, comm, p, target, rounds) if p > 1 else {}
-    if rank == 0:
-        link = LinkCost(alpha, beta, g, Curve(points) if p > 1 else None)
-        save_entry(out, group.backend.name, p, {"shm": link}, measured)
-        print(f"# commlib calibration: backend {group.backend.name}, {p} ranks -> {out}")
-        print(f"# link shm: alpha {alpha * 1e6:.2f} us, beta {1 / beta / 1e9 if beta else float('inf'):.2f} GB/s, "
-              f"gamma (reduce) {1 / g / 1e9:.2f} GB/s")
-        print("#      bytes   step us   fit us")
-        for n, t in points.items():
-            print(f"{n:12d} {t * 1e6:9.2f} {(alpha + n * beta) * 1e6:8.2f}")
+    if rank == 0:  # rank 0 is in every measured group (position 0 of the mesh)
+        costs = {}
+        print(f"# commlib calibration: backend {group.backend.name}, {p} ranks on {hosts} host(s) "
+              f"-> {out} [{key}]")
+        for name, points in links.items():
+            alpha, beta = fit_alpha_beta(points)
+            costs[name] = LinkCost(alpha, beta, g, Curve(points))
+            print(f"# link {name}: alpha {alpha * 1e6:.2f} us, beta "
+                  f"{1 / beta / 1e9 if beta else float('inf'):.2f} GB/s, gamma (reduce) {1 / g / 1e9:.2f} GB/s")
+            print("#      bytes   step us   fit us")
+            for n, t in points.items():
+                print(f"{n:12d} {t * 1e6:9.2f} {(alpha + n * beta) * 1e6:8.2f}")
+        if not costs:
+            costs["shm"] = LinkCost(0.0, 0.0, g)
+        save_entry(out, key, costs, measured)
         if measured:
             cols = [(c, a) for c, algos in measured.items() for a in algos]
             print("#      bytes " + " ".join(f"{c + ':' + a:>26}" for c, a in cols) + "   (us)")

@@ -68,7 +68,8 @@ def run_mpi(n: int, script: str, *args: str, timeout: float = 180, check: bool =
 def run_mpi_hosts(hosts: list[str], script: str, *args: str, timeout: float = 240,
                   check: bool = True, **env):
     """One rank per entry of ``hosts``, rank k on virtual host ``hosts[k]`` (``COMMLIB_TEST_HOST``,
-    given per rank with mpiexec's MPMD syntax), running ``tests/mpi/<script> args...``."""
+    given per rank with mpiexec's MPMD syntax), running ``tests/mpi/<script> args...`` (or
+    ``script`` itself when it is an absolute path)."""
     exe = mpiexec_path()
     if exe is None:
         pytest.fail("mpiexec not found: install the 'mpich' extra (pip install mpich)")

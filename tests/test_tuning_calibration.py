@@ -9,7 +9,7 @@ import pytest
 from commlib.errors import CommConfigError
 from commlib.tuning.calibration import FORMAT, fit_alpha_beta, load, save_entry, table_for
 from commlib.tuning.model import LinkCost, predict
-from conftest import ROOT, base_env, mpiexec_path, run_cmd
+from conftest import ROOT, base_env, mpiexec_path, run_cmd, run_mpi_hosts
 
 
 def test_fit_recovers_a_line():
@@ -23,16 +23,20 @@ def test_fit_recovers_a_line():
 
 def test_entries_merge_and_the_nearest_size_serves(tmp_path):
     path = tmp_path / "t.json"
-    save_entry(path, "mpi", 2, {"shm": LinkCost(1e-6, 1e-9, 1e-10)},
+    save_entry(path, "mpi/2", {"shm": LinkCost(1e-6, 1e-9, 1e-10)},
                {"all_reduce": {"native": {8: 2e-6, 1024: 3e-6}}})
-    save_entry(path, "mpi", 4, {"shm": LinkCost(4e-6, 2e-9, 1e-10)}, {})
+    save_entry(path, "mpi/4", {"shm": LinkCost(4e-6, 2e-9, 1e-10)}, {})
+    save_entry(path, "mpi/4@2", {"shm": LinkCost(3e-6, 2e-9, 1e-10), "net": LinkCost(9e-6, 1e-8)}, {})
     doc = load(path)
-    assert doc["format"] == FORMAT and sorted(doc["groups"]) == ["mpi/2", "mpi/4"]
+    assert doc["format"] == FORMAT and sorted(doc["groups"]) == ["mpi/2", "mpi/4", "mpi/4@2"]
     two = table_for(doc, "mpi", 2)
     assert two.link.alpha == 1e-6 and two.curves["all_reduce"]["native"](1024) == 3e-6
     three = table_for(doc, "mpi", 3)  # nearest is 2 (ties go to the smaller): no measured curve
     assert three.link.alpha == 1e-6 and three.curves == {}
     assert table_for(doc, "torch", 2) is None and table_for(None, "mpi", 2) is None
+    # a shape across hosts is its own entry: never the nearest single-host one
+    assert table_for(doc, "mpi", 4, hosts=2).link.alpha == 3e-6
+    assert table_for(doc, "mpi", 6, hosts=2) is None
     native = [x for x in predict("all_reduce", 1024, 2, two) if x.algorithm == "native"][0]
     assert native.how == "measured"
 
@@ -72,3 +76,23 @@ def test_calibrate_writes_a_file_the_model_reads(tmp_path):
     for algos in table.curves.values():
         for curve in algos.values():
             assert curve(64 << 20) > 10 * curve(8)
+
+
+def test_calibrate_across_virtual_hosts_and_select_from_it(tmp_path):
+    """2 x 2 ranks on virtual hosts: calibration measures each link class (intra-host, one rail,
+    all rails), the group's entry is its own shape, and every rank then selects from it."""
+    out = tmp_path / "tuning.json"
+    hosts = ["a", "a", "b", "b"]
+    proc = run_mpi_hosts(hosts, str(ROOT / "bench" / "calibrate.py"), "--quick", "--max-bytes",
+                         "65536", "--out", str(out), timeout=300)
+    assert "4 ranks on 2 host(s)" in proc.stdout, proc.stdout
+    doc = load(out)
+    assert set(doc["groups"]["mpi/4@2"]["links"]) == {"shm", "net", "net_rails"}
+    proc = run_mpi_hosts(hosts, "tuning_explain.py", "hosts", timeout=240,
+                         COMMLIB_TUNING_FILE=str(out))
+    assert "ok case_explain_agrees_and_runs (world size 4)" in proc.stdout
+
+
+def test_explain_on_one_host_without_calibration():
+    proc = run_mpi_hosts(["a", "a", "a"], "tuning_explain.py", "one-host", timeout=240)
+    assert "ok case_explain_agrees_and_runs (world size 3)" in proc.stdout

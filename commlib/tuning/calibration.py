@@ -10,9 +10,12 @@ Layout (JSON)::
                           "measured": "2026-11-23T18:50:00Z"},
                 "mpi/4": {...}}}
 
-One entry per (backend, group size): a link's α and β are measured with every rank of a group of
-that size busy (a ring shift), so they include the contention of oversubscribed cores, and the
-engine's collectives differ by size. :func:`load` finds the file: ``COMMLIB_TUNING_FILE``, else the
+One entry per (backend, group size, hosts): ``mpi/4`` for 4 ranks on one host, ``mpi/4@2`` for 4
+ranks on 2 hosts. A link's α and β are measured with every rank of a group of that size busy (a
+ring shift), so they include the contention of oversubscribed cores, and the engine's collectives
+differ by size. Entries across hosts also hold ``net`` (the link between hosts, one pair crossing)
+and ``net_rails`` (every local rank's pair crossing at once, as in the hierarchical algorithm).
+:func:`load` finds the file: ``COMMLIB_TUNING_FILE``, else the
 per-host cache ``$XDG_CACHE_HOME/commlib/tuning-<host hash>.json`` (``~/.cache`` by default).
 """
 
@@ -28,8 +31,8 @@ from ..errors import CommConfigError
 from ..topology.host import host_hash, host_id
 from .model import Curve, LinkCost, Table
 
-__all__ = ["FORMAT", "default_path", "tuning_path", "load", "save_entry", "table_for",
-           "fit_alpha_beta"]
+__all__ = ["FORMAT", "default_path", "tuning_path", "load", "entry_key", "save_entry", "table_for",
+           "link_from_json", "fit_alpha_beta"]
 
 FORMAT = "commlib-tuning/1"
 
@@ -71,16 +74,20 @@ def load(path: str | os.PathLike | None = None) -> dict | None:
     return _read(p)
 
 
-def save_entry(path: str | os.PathLike, backend: str, size: int, links: dict[str, LinkCost],
+def entry_key(backend: str, size: int, hosts: int = 1) -> str:
+    return f"{backend}/{size}" if hosts <= 1 else f"{backend}/{size}@{hosts}"
+
+
+def save_entry(path: str | os.PathLike, key: str, links: dict[str, LinkCost],
                curves: dict[str, dict[str, dict[int, float]]]) -> None:
-    """Merge the measurements of one (backend, group size) into the file at ``path``: link costs
-    by class, and measured curves ``{collective: {algorithm: {nbytes: seconds}}}``."""
+    """Merge the measurements of one group shape (``key``, see :func:`entry_key`) into the file at
+    ``path``: link costs by class, and measured curves ``{collective: {algorithm: {nbytes: s}}}``."""
     p = pathlib.Path(path)
     doc = _read(p) if p.exists() else {"format": FORMAT, "host": host_id(), "groups": {}}
     from .. import __version__
 
     doc["commlib"] = __version__
-    doc["groups"][f"{backend}/{size}"] = {
+    doc["groups"][key] = {
         "links": {k: _link_json(v) for k, v in links.items()},
         "curves": {c: {a: {str(n): t for n, t in sorted(pts.items())} for a, pts in algos.items()}
                    for c, algos in curves.items()},
@@ -99,20 +106,28 @@ def _link_json(link: LinkCost) -> dict:
     return out
 
 
-def _link(entry: dict) -> LinkCost:
+def link_from_json(entry: dict) -> LinkCost:
     steps = entry.get("steps")
     curve = Curve({int(n): t for n, t in steps.items()}) if steps and len(steps) >= 2 else None
     return LinkCost(entry["alpha"], entry["beta"], entry.get("gamma", 0.0), curve)
 
 
-def table_for(doc: dict | None, backend: str, size: int, link_class: str = "shm") -> Table | None:
-    """The model's :class:`Table` for a group of ``size`` ranks on ``backend``: the entry of that
-    size, else the nearest measured size of that backend (its measured curves only when the size
-    matches, since engines change algorithm with the group size). None without a usable entry."""
+def table_for(doc: dict | None, backend: str, size: int, hosts: int = 1,
+              link_class: str = "shm") -> Table | None:
+    """The model's :class:`Table` for a group of ``size`` ranks on ``hosts`` hosts on ``backend``:
+    the entry of that shape, else (on one host) the nearest measured size of that backend (its
+    measured curves only when the size matches, since engines change algorithm with the group
+    size). None without a usable entry."""
     if not doc:
         return None
-    entries = {int(k.split("/")[1]): v for k, v in doc.get("groups", {}).items()
-               if k.split("/")[0] == backend}
+    if hosts > 1:
+        entry = doc.get("groups", {}).get(entry_key(backend, size, hosts))
+        if entry is None or link_class not in entry["links"]:
+            return None
+        entries = {size: entry}
+    else:
+        entries = {int(k.split("/")[1]): v for k, v in doc.get("groups", {}).items()
+                   if k.split("/")[0] == backend and "@" not in k}
     if not entries:
         return None
     nearest = min(entries, key=lambda s: (abs(s - size), s))
@@ -125,7 +140,7 @@ def table_for(doc: dict | None, backend: str, size: int, link_class: str = "shm"
         for c, algos in entry.get("curves", {}).items():
             curves[c] = {a: Curve({int(n): t for n, t in pts.items()})
                          for a, pts in algos.items() if len(pts) >= 2}
-    return Table(_link(link), curves)
+    return Table(link_from_json(link), curves)
 
 
 def fit_alpha_beta(points: dict[int, float]) -> tuple[float, float]:

@@ -25,7 +25,7 @@ import torch
 from ..algorithms import algorithm_names
 from ..errors import CommConfigError
 from ..algorithms.hierarchical import host_layout
-from .calibration import load, table_for
+from .calibration import entry_key, link_from_json, load, table_for
 from .model import DEFAULT_LINKS, SHM_ALGORITHMS, Curve, LinkCost, Prediction, Table, predict
 
 __all__ = ["GroupModel", "setup", "eligible", "predictions", "Explanation", "explain_group"]
@@ -93,9 +93,11 @@ def _table_from_json(doc: dict) -> Table:
 
 
 def _local_table(group, layout) -> tuple[Table, str]:
-    """Rank 0's view: the tuning file's entry, else defaults with the probe."""
+    """Rank 0's view: the tuning file's entry for this group's shape (size, hosts), else
+    defaults with the probe. Across hosts: intra-host links from the host's own entry if the
+    group's has none, and ``net`` defaults where the file has no measured ``net`` link."""
     backend = group.backend.name
-    per_host = layout.ranks_per_host if layout.uniform else group.size
+    hosts = len(layout.hosts) if layout.spans_hosts else 1
     try:
         doc = load()
     except CommConfigError as exc:  # a broken file must not stop the job: say so, use defaults
@@ -103,24 +105,31 @@ def _local_table(group, layout) -> tuple[Table, str]:
         doc, why = None, f"defaults and probe (tuning file unusable: {exc})"
     else:
         why = "defaults and probe (no calibration: run bench/calibrate.py)"
-    table = table_for(doc, backend, group.size)
+    key = entry_key(backend, group.size, hosts)
+    table = table_for(doc, backend, group.size, hosts)
+    links = {}
     if table is not None:
-        source = f"tuning file, entry {backend}/{group.size}"
+        source = f"tuning file, entry {key}"
+        links = doc["groups"][key]["links"]
     else:
         probe = _probe()
         step, sync = DEFAULT_LINKS["shm"], DEFAULT_LINKS["shm_sync"]
         table = Table(LinkCost(step.alpha, 3 * probe["beta"], probe["gamma"]))
         table.shm = LinkCost(sync.alpha, probe["beta"], probe["gamma"])
         source = why
-    if layout.spans_hosts and layout.uniform:
-        intra = table_for(doc, backend, per_host)
-        table.link = intra.link if intra is not None else table.link
+    if hosts > 1 and layout.uniform:
+        per_host = layout.ranks_per_host
         table.local = per_host
-        net = DEFAULT_LINKS["net"]
-        inter = (doc or {}).get("groups", {}).get(f"{backend}/{group.size}", {}).get("links", {}).get("net")
-        table.inter = LinkCost(inter["alpha"], inter["beta"], inter.get("gamma", 0.0)) if inter else net
-        # every local rank's shard crosses at once: they share the hosts' links
-        table.shard_inter = LinkCost(table.inter.alpha, table.inter.beta * per_host, table.inter.gamma)
+        if "shm" not in links:
+            intra = table_for(doc, backend, per_host)
+            if intra is not None:
+                table.link = intra.link
+                source += f"; intra-host link from entry {entry_key(backend, per_host)}"
+        table.inter = link_from_json(links["net"]) if "net" in links else DEFAULT_LINKS["net"]
+        if "net_rails" in links:
+            table.shard_inter = link_from_json(links["net_rails"])
+        else:  # every local rank's shard crosses at once: they share the hosts' links
+            table.shard_inter = LinkCost(table.inter.alpha, table.inter.beta * per_host, table.inter.gamma)
     return table, source
 
 
