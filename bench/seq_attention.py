@@ -26,9 +26,11 @@ For each total sequence length and algorithm it prints, side by side in one run:
   reported, not timed silently).
 
 Rounds interleave the one-process and the parallel runs, so machine noise hits both. After the
-table, for the memory budget ``--budget-mib``, the longest sequence that fits is solved from a
-linear fit of peak memory against length (memory of these methods is linear in s; RSA is
-quadratic and is fitted as such), for one process and per algorithm at N ranks.
+table, the longest sequence that fits a memory budget (``--budget-mib``, default: one process's
+peak at the smallest length) is searched by measurement, not fitted: lengths double until one
+does not fit, then bisection, every probe one measured forward+backward, for one process and for
+each algorithm on the N ranks; the ratio to one process, against N, says whether the reach grows
+in proportion to the rank count.
 """
 
 from __future__ import annotations
@@ -172,6 +174,20 @@ def wait_split() -> tuple[float, float]:
     return max_over_ranks(imbalance), max_over_ranks(transfer)
 
 
+def _bcast_rows(holder: list) -> None:
+    """Rank 0's rows to every rank (the budget search needs the one-process peak)."""
+    import pickle
+
+    blob = pickle.dumps(holder[0]) if commlib.get_rank() == 0 else b""
+    size = torch.tensor([len(blob)])
+    commlib.broadcast(size, 0)
+    buf = torch.zeros(int(size.item()), dtype=torch.uint8)
+    if commlib.get_rank() == 0:
+        buf.copy_(torch.frombuffer(bytearray(blob), dtype=torch.uint8))
+    commlib.broadcast(buf, 0)
+    holder[0] = pickle.loads(bytes(buf.tolist()))
+
+
 def _median(xs) -> float:
     return statistics.median(xs) if xs else 0.0
 
@@ -184,7 +200,8 @@ def max_over_ranks(x: float) -> float:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-s", "--seq", type=int, nargs="+", default=[4096], help="total sequence lengths")
+    p.add_argument("-s", "--seq", type=int, nargs="+", default=[4096, 8192],
+                   help="total sequence lengths")
     p.add_argument("--algorithms", nargs="+", default=["ring", "rsa", "ulysses"],
                    choices=["ring", "rsa", "ulysses"])
     p.add_argument("--batch", type=int, default=1)
@@ -196,8 +213,12 @@ def main(argv=None) -> int:
     p.add_argument("--head-chunks", type=int, default=None, help="ring: head groups (default: library's)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (median)")
     p.add_argument("--budget-mib", type=float, default=None,
-                   help="memory budget for the longest-sequence estimate (default: mem1 at the "
+                   help="memory budget of the longest-sequence search (default: mem1 at the "
                         "smallest length)")
+    p.add_argument("--no-budget-search", dest="budget_search", action="store_false",
+                   help="skip the measured longest-sequence search")
+    p.add_argument("--search-cap", type=int, default=8,
+                   help="stop the search at this multiple of the smallest length")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     args.kv_heads = args.kv_heads or args.heads
@@ -279,10 +300,15 @@ def main(argv=None) -> int:
                 rows.append(row)
                 out(f"  {algorithm:>9} {s:>7} {t1 * 1e3:>9.1f} {tn * 1e3:>9.1f} {eff:>6.1%} "
                     f"{hidden_text:>7} {statistics.median(alone) * 1e3:>9.1f} "
-                    f"{_median(exposed) * 1e3:>8.1f} {_median(imbalance) * 1e3:>7.1f} {mem1 / mib:>10.1f} {mem_n / mib:>10.1f} "
+                    f"{_median(exposed) * 1e3:>8.1f} {_median(imbalance) * 1e3:>7.1f} "
+                    f"{mem1 / mib:>10.1f} {mem_n / mib:>10.1f} "
                     f"{mem_n / mem1:>9.1%} {err:>9.2e}", flush=True)
+    if args.budget_search:
+        rows_all = [rows]
+        if n > 1:  # rank 0 holds the table; the search runs on every rank
+            _bcast_rows(rows_all)
+        budget_report(args, rows_all[0], n, out)
     if rank == 0:
-        budget_report(args, rows, n, out)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"ranks": n, "args": vars(args), "rows": rows}, f, indent=1)
@@ -290,45 +316,58 @@ def main(argv=None) -> int:
     return 0
 
 
-def _fit(points, degree):
-    """Least squares mem = a + b s (+ c s^2): coefficients."""
-    import numpy as np
+def _fits(args, algorithm, s: int, budget: float) -> bool:
+    """Run one forward+backward at total length ``s`` and compare its peak (per rank, the largest;
+    ``algorithm`` None: one process on rank 0, the others asleep) with ``budget`` bytes. Every
+    rank returns the same answer."""
+    full = inputs(args, s, seed=1)
+    if algorithm is None:
+        peak = 0.0
+        if commlib.get_rank() == 0:
+            peak = peak_of(lambda: one_process(args, full))
+            release()
+        else:
+            sleep_until(0)
+    else:
+        layout = layout_of(algorithm, args)
+        local = [F.shard_sequence(t, dim=1, layout=layout) for t in full]
+        del full
+        commlib.barrier()
+        peak = peak_of(lambda: parallel(args, algorithm, local))
+    return max_over_ranks(peak) <= budget
 
-    xs = np.array([p[0] for p in points], dtype=float)
-    ys = np.array([p[1] for p in points], dtype=float)
-    if len(xs) <= degree:
-        return None
-    return np.polyfit(xs, ys, degree)[::-1]
 
-
-def _solve(coef, budget):
-    import numpy as np
-
-    poly = np.array(coef, dtype=float)
-    poly[0] -= budget
-    roots = np.roots(poly[::-1])
-    real = [r.real for r in roots if abs(r.imag) < 1e-9 and r.real > 0]
-    return max(real) if real else None
+def longest_within(args, algorithm, budget: float, s0: int, grain: int) -> int:
+    """The longest total length, a multiple of ``grain``, whose measured peak fits ``budget``:
+    doubling from ``s0`` until a length does not fit, then bisection (every probe measured)."""
+    lo, hi = 0, s0
+    while _fits(args, algorithm, hi, budget):
+        lo, hi = hi, 2 * hi
+        if hi > args.search_cap * s0:
+            return lo  # fits beyond the cap: report the cap
+    while hi - lo > grain:
+        mid = (lo + hi) // 2 // grain * grain
+        lo, hi = (mid, hi) if _fits(args, algorithm, mid, budget) else (lo, mid)
+    return lo
 
 
 def budget_report(args, rows, n, out):
-    if len(args.seq) < 2:
-        out("# longest sequence in a memory budget: needs at least two lengths (-s a b ...)")
-        return
-    one = sorted({(r["seq"], r["mem1_mib"]) for r in rows})
-    budget = args.budget_mib or one[0][1]
-    s1 = _solve(_fit(one, 1), budget)
-    out(f"# longest sequence within {budget:.1f} MiB per process (linear fit of peak memory vs "
-        f"length; rsa quadratic): one process {s1:,.0f}")
+    """Longest sequence within a memory budget, measured (not fitted) for one process and for each
+    algorithm on the N ranks; the budget defaults to one process's peak at the smallest length."""
+    s0 = min(args.seq)
+    mem1 = [r["mem1_mib"] for r in rows if r["seq"] == s0][0]
+    budget = (args.budget_mib or mem1) * (1 << 20)
+    grain = max(2 * n, s0 // 16 // (2 * n) * (2 * n))
+    s1 = longest_within(args, None, budget, s0, grain)
+    out(f"# longest sequence within {budget / (1 << 20):.1f} MiB per process, measured (doubling "
+        f"then bisection to {grain} tokens): one process {s1:,}")
     for algorithm in args.algorithms:
-        pts = [(r["seq"], r["memn_mib"]) for r in rows if r["algorithm"] == algorithm]
-        coef = _fit(pts, 2 if algorithm == "rsa" else 1)
-        sn = _solve(coef, budget) if coef is not None else None
-        if sn is None or s1 is None:
-            out(f"#   {algorithm:>9}: not enough points")
+        if algorithm == "ulysses" and (args.heads % n or args.kv_heads % n):
             continue
-        out(f"#   {algorithm:>9} on {n} ranks: {sn:,.0f} tokens = {sn / s1:.2f} x one process "
-            f"({sn / s1 / n:.0%} of proportional)")
+        sn = longest_within(args, algorithm, budget, s0, grain)
+        capped = " (search cap reached)" if sn >= args.search_cap * s0 else ""
+        out(f"#   {algorithm:>9} on {n} ranks: {sn:,} tokens = {sn / s1:.2f} x one process "
+            f"({sn / s1 / n:.0%} of proportional){capped}", flush=True)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,9 @@ import pytest
 
 from conftest import ROOT, base_env, run_cmd, run_mpi
 
+import torch
+
+from commlib.nn._blocks import BLOCK_OPS, block_ops, merge_
 from commlib.nn._plan import plan_ring
 
 CASES = ["case_errors", "case_float64", "case_low_precision", "case_module", "case_ring_matrix",
@@ -60,10 +63,43 @@ def test_plan_is_printable():
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_seq_attention_mpi(n):
-    """out, lse, dq, dk, dv vs SDPA on the full sequence, message counts, errors, module, on mpi."""
-    out = run_mpi(n, "seq_attention.py", *CASES, timeout=140).stdout
-    for case in CASES:
+    """out, lse, dq, dk, dv vs SDPA on the full sequence, message counts, errors, module, on mpi.
+    At 3 ranks the whole set runs under COMMLIB_DEBUG=1, plus the rank-disagreement case."""
+    debug = n == 3
+    cases = CASES + ["case_debug_mismatch"] if debug else CASES
+    out = run_mpi(n, "seq_attention.py", *cases, timeout=140,
+                  **({"COMMLIB_DEBUG": "1"} if debug else {})).stdout
+    for case in cases:
         assert f"ok {case} (world size {n})" in out, out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is absent on this machine: the "
+                    "cuda block kernels (torch's memory-efficient SDPA) need a GPU")
+@pytest.mark.parametrize("causal", [False, True])
+def test_cuda_blocks_match_math(causal):
+    """The cuda block kernels (out, lse, dq, dk, dv; GQA 4:1) equal the math definition, and two
+    key halves merged with merge_ equal the whole block, on the GPU."""
+    g = torch.Generator().manual_seed(3)
+    b, h, hk, s, d = 2, 8, 2, 48, 16
+    q, do = (torch.randn(b, h, s, d, generator=g).cuda() for _ in range(2))
+    k, v = (torch.randn(b, hk, s, d, generator=g).cuda() for _ in range(2))
+    cuda, math = BLOCK_OPS["cuda"], BLOCK_OPS["math"]
+    assert block_ops(q.device, torch.float32) is cuda
+    out, lse = cuda.forward(q, k, v, causal, 0.25)
+    ref_out, ref_lse = math.forward(q, k, v, causal, 0.25)
+    for got, want in zip((out, lse, *cuda.backward(do, q, k, v, out, lse, causal, 0.25)),
+                         (ref_out, ref_lse, *math.backward(do, q, k, v, ref_out, ref_lse, causal,
+                                                           0.25))):
+        assert got.shape == want.shape
+        assert (got - want).abs().max().item() <= 1e-5 * want.abs().max().item() + 1e-6
+    if not causal:  # blockwise: the first key half, then merge the second
+        o1, l1 = cuda.forward(q, k[:, :, :24], v[:, :, :24], False, 0.25)
+        o2, l2 = cuda.forward(q, k[:, :, 24:], v[:, :, 24:], False, 0.25)
+        o1 = o1.float()
+        merge_(o1, l1, o2, l2)
+        assert (o1 - ref_out).abs().max().item() <= 1e-5 * ref_out.abs().max().item()
+        assert (l1 - ref_lse).abs().max().item() <= 1e-5 * ref_lse.abs().max().item()
 
 
 @pytest.mark.timeout(150)

@@ -144,22 +144,35 @@ def _bhsd(t: torch.Tensor) -> torch.Tensor:
     return t.transpose(1, 2)
 
 
-def _carry_kv(chunk: int, like: Sequence[torch.Tensor]):
+class _CarryKV:
     """``carry`` for (dK, dV) accumulators kept in the user's (b, s, h_kv, d) layout, shaped like
-    ``like``: add this rank's partial gradients (list of (first key chunk, last, KV head slice,
-    dk, dv) in (b, h, s, d) views). At step 0 (the own block) the parts cover every key and head
-    once (plan_ring's step 0 is one call over the whole block), so they are copied, not added."""
-    def carry(parts, incoming):
-        first = incoming is None
-        acc = tuple(torch.empty(t.shape, dtype=_acc_dtype(t.dtype), device=t.device)
-                    for t in like) if first else incoming
-        for k0, k1, heads, dk, dv in parts or ():
-            rows = slice(k0 * chunk, k1 * chunk)
+    ``like``. Partial gradients are (first key chunk, last, KV head slice, dk, dv) in (b, h, s, d)
+    views. Step 0 (the own block; plan_ring makes it one call over every key) writes them with
+    :meth:`own` straight into fresh accumulators as the compute produces them, so no step-0 part
+    is held; later steps return their parts, added once the incoming accumulators arrive."""
+
+    def __init__(self, chunk: int, like: Sequence[torch.Tensor]):
+        self.chunk, self.like, self.acc = chunk, like, None
+
+    def own(self, k0: int, k1: int, heads: slice, dk: torch.Tensor, dv: torch.Tensor) -> None:
+        if self.acc is None:
+            self.acc = tuple(torch.empty(t.shape, dtype=_acc_dtype(t.dtype), device=t.device)
+                             for t in self.like)
+        self._put(self.acc, ((k0, k1, heads, dk, dv),), True)
+
+    def _put(self, acc, parts, first: bool):
+        for k0, k1, heads, dk, dv in parts:
+            rows = slice(k0 * self.chunk, k1 * self.chunk)
             for a, g in ((acc[0], dk), (acc[1], dv)):
                 dst = a[:, rows, heads]
                 (dst.copy_ if first else dst.add_)(_bhsd(g))
-        return acc
-    return carry
+
+    def __call__(self, parts, incoming):
+        if incoming is None:
+            acc, self.acc = self.acc, None
+            return acc
+        self._put(incoming, parts or (), False)
+        return incoming
 
 
 # ----- blockwise ring attention with online softmax ----------------------------------------
@@ -222,9 +235,11 @@ class RingAttention(torch.autograd.Function):
             qt, dot, out_g, lse_g = _bhsd(q)[:, qh], _bhsd(dout)[:, qh], out[:, qh], lse[:, qh]
             dq_g = _bhsd(dq_acc)[:, qh]
             subs = head_groups(qt.shape[1], kh.stop - kh.start, kh.stop - kh.start)
+            moving = (k[:, :, kh], v[:, :, kh])
+            carry = _CarryKV(c, moving)
 
             def compute(step, cur, poll, qt=qt, dot=dot, out_g=out_g, lse_g=lse_g, dq_g=dq_g,
-                        subs=subs):
+                        subs=subs, carry=carry):
                 kt, vt = _bhsd(cur[0]), _bhsd(cur[1])
                 parts = []
                 for call in step.calls:
@@ -234,13 +249,16 @@ class RingAttention(torch.autograd.Function):
                                                   kt[:, sk, cols], vt[:, sk, cols],
                                                   out_g[:, sq, rows], lse_g[:, sq, rows],
                                                   call.causal, scale)
-                        (dq_g[:, sq].copy_ if step.index == 0 else dq_g[:, sq, rows].add_)(dq)
-                        parts.append((call.k0, call.k1, sk, dk, dv))
+                        if step.index == 0:
+                            dq_g[:, sq].copy_(dq)
+                            carry.own(call.k0, call.k1, sk, dk, dv)
+                        else:
+                            dq_g[:, sq, rows].add_(dq)
+                            parts.append((call.k0, call.k1, sk, dk, dv))
                         poll()
                 return parts
 
-            moving = (k[:, :, kh], v[:, :, kh])
-            dk, dv = ring_loop(plan, group, moving, compute, _carry_kv(c, moving))
+            dk, dv = ring_loop(plan, group, moving, compute, carry)
             if dk_acc is None:
                 dk_acc, dv_acc = dk.to(k.dtype), dv.to(v.dtype)
             else:
@@ -312,17 +330,23 @@ class RSAAttention(torch.autograd.Function):
         heads = head_groups(h, k.shape[2], k.shape[2])
         state = {"dq": torch.empty(b, h, sl, d, dtype=p.dtype, device=q.device)}
 
+        carry = _CarryKV(sl, (k, v))
+
         def compute(step, cur, poll):
             kt, vt = _bhsd(cur[0]), _bhsd(cur[1])
             parts = []
             for j, (sq, sk) in enumerate(heads):  # one KV head at a time, polling in between
                 dq, dk, dv = math_grads_from_p(pb[:, j:j + 1, :, :, step.source], dot[:, sq],
                                                qt[:, sq], kt[:, sk], vt[:, sk], delta[:, sq], scale)
-                (state["dq"][:, sq].copy_ if step.index == 0 else state["dq"][:, sq].add_)(dq)
-                parts.append((0, 1, sk, dk, dv))
+                if step.index == 0:
+                    state["dq"][:, sq].copy_(dq)
+                    carry.own(0, 1, sk, dk, dv)
+                else:
+                    state["dq"][:, sq].add_(dq)
+                    parts.append((0, 1, sk, dk, dv))
                 poll()
             return parts
 
-        dk, dv = ring_loop(plan, group, (k, v), compute, _carry_kv(sl, (k, v)))
+        dk, dv = ring_loop(plan, group, (k, v), compute, carry)
         return (_bhsd(state["dq"]).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
                 None, None, None, None, None)

@@ -14,12 +14,15 @@ Example (2 ranks, total length 8, zigzag layout: rank 0 holds tokens 0,1,6,7; ra
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
 
 import commlib
-from commlib.errors import CommTypeError, arg_error
+from commlib import debug
+from commlib.errors import CommError, CommTypeError, arg_error
+from commlib.group import resolve_group
 
 from ._layout import LAYOUTS, gather_order, global_chunks
 from ._plan import plan_ring
@@ -33,6 +36,28 @@ ALGORITHMS = {"ring": RingAttention, "rsa": RSAAttention}
 
 
 # ----- checks ----------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _entry(fn: str, group):
+    """Validate a public call: yields (the group, a dict the checks fill with the call's
+    description). Under ``COMMLIB_DEBUG=1`` the ranks then compare descriptions (shapes, dtype,
+    layout, options) with one small all-gather, so ranks that disagree, or a rank whose own
+    checks failed, raise on every rank instead of hanging in the ring."""
+    g = resolve_group(group, fn)
+    call: dict = {}
+    try:
+        yield g, call
+    except CommError as exc:
+        if g.debug:
+            debug.agree(g, fn, "", error=exc)
+        raise
+    if g.debug:
+        debug.agree(g, fn, f"{fn}(" + ", ".join(f"{k}={v}" for k, v in call.items()) + ")")
+
+
+def _shapes(**tensors) -> dict:
+    return {name: f"{tuple(t.shape)}:{str(t.dtype)[6:]}" for name, t in tensors.items()}
+
+
 def _choice(fn: str, arg: str, value, table) -> None:
     if not isinstance(value, str) or value not in table:
         raise arg_error(fn, arg, value, f"must be one of {sorted(table)}",
@@ -132,24 +157,27 @@ def ring_attention(q, k, v, *, causal: bool = False, group=None, layout: str = "
         ``out`` shaped like q (and ``lse``): this rank's rows of the full-sequence attention.
     """
     fn = "nn.functional.ring_attention"
-    _qkv(fn, q, k, v)
-    causal = _bool(fn, "causal", causal)
-    return_lse = _bool(fn, "return_lse", return_lse)
-    _choice(fn, "layout", layout, LAYOUTS)
-    _choice(fn, "algorithm", algorithm, ALGORITHMS)
-    scale = _scale(fn, softmax_scale, q.shape[3])
-    rank, size = commlib.get_rank(group), commlib.get_world_size(group)
-    per = LAYOUTS[layout].chunks_per_rank
-    _divisible(fn, "q", q.shape, 1, q.shape[1], per,
-               f"layout {layout!r} holds {per} equal chunks per rank")
-    hk = k.shape[2]
-    if head_chunks is None:
-        head_chunks = default_head_chunks(hk, size) if algorithm == "ring" else 1
-    if isinstance(head_chunks, bool) or not isinstance(head_chunks, int) or head_chunks < 1 \
-            or hk % head_chunks or (algorithm != "ring" and head_chunks != 1):
-        raise arg_error(fn, "head_chunks", head_chunks,
-                        f"must be a positive divisor of the {hk} KV heads (and 1 for rsa)",
-                        "pass None for the default, or 1")
+    with _entry(fn, group) as (g, call):
+        _qkv(fn, q, k, v)
+        causal = _bool(fn, "causal", causal)
+        return_lse = _bool(fn, "return_lse", return_lse)
+        _choice(fn, "layout", layout, LAYOUTS)
+        _choice(fn, "algorithm", algorithm, ALGORITHMS)
+        scale = _scale(fn, softmax_scale, q.shape[3])
+        rank, size = g.rank, g.size
+        per = LAYOUTS[layout].chunks_per_rank
+        _divisible(fn, "q", q.shape, 1, q.shape[1], per,
+                   f"layout {layout!r} holds {per} equal chunks per rank")
+        hk = k.shape[2]
+        if head_chunks is None:
+            head_chunks = default_head_chunks(hk, size) if algorithm == "ring" else 1
+        if isinstance(head_chunks, bool) or not isinstance(head_chunks, int) or head_chunks < 1 \
+                or hk % head_chunks or (algorithm != "ring" and head_chunks != 1):
+            raise arg_error(fn, "head_chunks", head_chunks,
+                            f"must be a positive divisor of the {hk} KV heads (and 1 for rsa)",
+                            "pass None for the default, or 1")
+        call.update(_shapes(q=q, k=k, v=v), causal=causal, layout=layout, algorithm=algorithm,
+                    scale=scale, head_chunks=head_chunks)
     plan = plan_ring(rank, size, causal, layout)
     out, lse = ALGORITHMS[algorithm].apply(q, k, v, causal, scale, group, plan, head_chunks)
     return (out, lse) if return_lse else out
@@ -193,17 +221,19 @@ def ulysses_attention(q, k, v, *, causal: bool = False, group=None,
     sequence with heads/N heads per rank, all-to-all back. Contiguous layout (rank r holds chunk
     r of N); both the query and the KV head counts must divide by the group size."""
     fn = "nn.functional.ulysses_attention"
-    _qkv(fn, q, k, v)
-    causal = _bool(fn, "causal", causal)
-    scale = _scale(fn, softmax_scale, q.shape[3])
-    size = commlib.get_world_size(group)
-    for name, t in (("q", q), ("k", k)):
-        if t.shape[2] % size:
-            raise arg_error(fn, name, f"<tensor shape={tuple(t.shape)}>",
-                            f"its {t.shape[2]} heads must divide by the group size {size} "
-                            "(Ulysses gives each rank heads/N whole heads)",
-                            "use ring_attention (no head rule), or a group size that divides "
-                            "the query and KV head counts")
+    with _entry(fn, group) as (g, call):
+        _qkv(fn, q, k, v)
+        causal = _bool(fn, "causal", causal)
+        scale = _scale(fn, softmax_scale, q.shape[3])
+        size = g.size
+        for name, t in (("q", q), ("k", k)):
+            if t.shape[2] % size:
+                raise arg_error(fn, name, f"<tensor shape={tuple(t.shape)}>",
+                                f"its {t.shape[2]} heads must divide by the group size {size} "
+                                "(Ulysses gives each rank heads/N whole heads)",
+                                "use ring_attention (no head rule), or a group size that divides "
+                                "the query and KV head counts")
+        call.update(_shapes(q=q, k=k, v=v), causal=causal, scale=scale)
     if size == 1:
         qh, kh, vh = q, k, v
     else:
@@ -225,6 +255,12 @@ def _dim(fn: str, x, dim):
     return dim % x.dim()
 
 
+def _slice(x: torch.Tensor, dim: int, layout: str, rank: int, size: int) -> torch.Tensor:
+    """Rank ``rank``'s chunks of the full tensor ``x`` along ``dim``, concatenated."""
+    c = x.shape[dim] // (LAYOUTS[layout].chunks_per_rank * size)
+    return torch.cat([x.narrow(dim, g * c, c) for g in global_chunks(layout, rank, size)], dim)
+
+
 def shard_sequence(x: torch.Tensor, dim: int = 1, layout: str = "zigzag", group=None) -> torch.Tensor:
     """This rank's shard of the full tensor ``x`` (the same on every rank) along ``dim``: chunk r
     of N (``contiguous``) or chunks r and 2N-1-r of 2N (``zigzag``). Differentiable (a slice)."""
@@ -235,14 +271,18 @@ def shard_sequence(x: torch.Tensor, dim: int = 1, layout: str = "zigzag", group=
     n = LAYOUTS[layout].chunks_per_rank * size
     _divisible(fn, "x", x.shape, dim, x.shape[dim], n,
                f"layout {layout!r} on {size} ranks cuts the sequence into {n} equal chunks")
-    c = x.shape[dim] // n
-    return torch.cat([x.narrow(dim, g * c, c) for g in global_chunks(layout, rank, size)], dim)
+    return _slice(x, dim, layout, rank, size)
+
+
+# grad= of unshard_sequence: how the full-sequence gradient arriving at each rank becomes the
+# gradient of its shard
+UNSHARD_GRADS = ("sum", "local")
 
 
 class _Gather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, dim, layout, size, rank, group):
-        ctx.args = (dim, layout, rank, size)
+    def forward(ctx, x, dim, layout, size, rank, group, grad):
+        ctx.args = (dim, layout, rank, size, group, grad)
         front = x.movedim(dim, 0).contiguous()
         out = torch.empty((size * front.shape[0],) + front.shape[1:], dtype=x.dtype, device=x.device)
         commlib.all_gather_into_tensor(out, front, group=group)
@@ -253,20 +293,47 @@ class _Gather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        dim, layout, rank, size = ctx.args
-        c = g.shape[dim] // (LAYOUTS[layout].chunks_per_rank * size)
-        return (torch.cat([g.narrow(dim, i * c, c) for i in global_chunks(layout, rank, size)], dim),
-                None, None, None, None, None)
+        dim, layout, rank, size, group, grad = ctx.args
+        if grad == "local" or size == 1:
+            return _slice(g, dim, layout, rank, size), None, None, None, None, None, None
+        # "sum": the adjoint of the all-gather, a reduce-scatter of every rank's full gradient
+        # (rank-ordered: rank r's chunks first, then rank r+1's, ...)
+        front = g.movedim(dim, 0)
+        c = front.shape[0] // len(gather_order(layout, size))
+        ordered = torch.cat([front[i * c:(i + 1) * c] for i in gather_order(layout, size)])
+        mine = torch.empty((ordered.shape[0] // size,) + ordered.shape[1:], dtype=g.dtype,
+                           device=g.device)
+        commlib.reduce_scatter_tensor(mine, ordered, group=group)
+        return mine.movedim(0, dim), None, None, None, None, None, None
 
 
-def unshard_sequence(x: torch.Tensor, dim: int = 1, layout: str = "zigzag", group=None) -> torch.Tensor:
+def unshard_sequence(x: torch.Tensor, dim: int = 1, layout: str = "zigzag", group=None,
+                     grad: str = "sum") -> torch.Tensor:
     """The inverse of :func:`shard_sequence`: all-gathers every rank's shard and returns the full
-    tensor in global order on every rank. Differentiable: the gradient of the full tensor is
-    sliced back to this rank's shard (each rank's full-tensor gradient is taken as its own)."""
+    tensor in global order on every rank.
+
+    Differentiable. ``grad`` says what the result's gradient means:
+
+    * ``"sum"`` (default): the exact gradient of the sum of every rank's loss (the convention of
+      the rest of commlib.nn, whose weight gradients are summed over the group): each shard gets
+      the sum over ranks of their full-sequence gradients at its positions (a reduce-scatter,
+      the adjoint of the all-gather). A loss computed identically on every rank from the full
+      tensor therefore counts N times: scale it by 1/N, or use ``"local"``.
+    * ``"local"``: no communication; the shard gets this rank's own full-sequence gradient at its
+      positions. Exact when every rank computes the same loss from the full tensor.
+
+    Example (2 ranks, zigzag): ``full = unshard_sequence(y)`` then ``full.sum().backward()``
+    on both ranks gives ``y.grad`` = 2 everywhere with ``grad="sum"`` and 1 with ``"local"``.
+    """
     fn = "nn.functional.unshard_sequence"
-    dim = _dim(fn, x, dim)
-    _choice(fn, "layout", layout, LAYOUTS)
-    rank, size = commlib.get_rank(group), commlib.get_world_size(group)
-    _divisible(fn, "x", x.shape, dim, x.shape[dim], LAYOUTS[layout].chunks_per_rank,
-               f"layout {layout!r} holds {LAYOUTS[layout].chunks_per_rank} equal chunks per rank")
-    return _Gather.apply(x, dim, layout, size, rank, group)
+    with _entry(fn, group) as (g, call):
+        dim = _dim(fn, x, dim)
+        _choice(fn, "layout", layout, LAYOUTS)
+        if grad not in UNSHARD_GRADS:
+            raise arg_error(fn, "grad", grad, f"must be one of {list(UNSHARD_GRADS)}",
+                            "pass grad='sum' (sum of every rank's loss) or 'local'")
+        per = LAYOUTS[layout].chunks_per_rank
+        _divisible(fn, "x", x.shape, dim, x.shape[dim], per,
+                   f"layout {layout!r} holds {per} equal chunks per rank")
+        call.update(_shapes(x=x), dim=dim, layout=layout, grad=grad)
+    return _Gather.apply(x, dim, layout, g.size, g.rank, group, grad)

@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _harness import main  # noqa: E402
 
 import commlib  # noqa: E402
-from commlib.errors import CommArgumentError  # noqa: E402
+from commlib.errors import CommArgumentError, CommMismatchError  # noqa: E402
 from commlib.nn import SequenceParallelAttention  # noqa: E402
 from commlib.nn import functional as F  # noqa: E402
 
@@ -206,19 +206,52 @@ def case_shard_roundtrip():
         y = mine.clone().requires_grad_()
         full = F.unshard_sequence(y, dim=-2, layout=layout)
         assert torch.equal(full, x), layout
-        full.backward(x * 2)
-        assert torch.equal(y.grad, local(x * 2, layout))
+        # each rank's loss weights the full tensor differently: sum(full * x * (rank + 1))
+        full.backward(x * (r + 1))  # grad="sum": d(sum of every rank's loss)/d(shard)
+        assert torch.equal(y.grad, local(x * (n * (n + 1) // 2), layout)), layout
+        y2 = mine.clone().requires_grad_()
+        F.unshard_sequence(y2, dim=-2, layout=layout, grad="local").backward(x * (r + 1))
+        assert torch.equal(y2.grad, local(x * (r + 1), layout)), layout
 
 
-def expect_error(fn, *words):
+def expect_error(fn, *words, kind=CommArgumentError):
     try:
         fn()
-    except CommArgumentError as exc:
+    except kind as exc:
         text = str(exc)
         for w in words:
             assert w in text, (w, text)
         return
-    raise AssertionError(f"no CommArgumentError; expected one mentioning {words}")
+    raise AssertionError(f"no {kind.__name__}; expected one mentioning {words}")
+
+
+def case_debug_mismatch():
+    """Under COMMLIB_DEBUG=1, ranks that disagree on a call's shapes or options raise
+    CommMismatchError on every rank (naming the odd rank and both descriptions) instead of
+    hanging in the ring; a rank whose own checks fail raises its error and the others name it."""
+    r, n = world()
+    assert commlib.get_world_group().debug, "run with COMMLIB_DEBUG=1"
+    last = n - 1
+    q = torch.randn(1, 6 if r == last else 4, 2, 8)  # the last rank has another seq_local
+    expect_error(lambda: F.ring_attention(q, q, q, causal=True), "ring_attention",
+                 f"ranks [{last}] differ", "(1, 6, 2, 8)", "(1, 4, 2, 8)", kind=CommMismatchError)
+    q = torch.randn(1, 4, 2, 8)
+    expect_error(lambda: F.ring_attention(q, q, q, layout="contiguous" if r == last else "zigzag"),
+                 "layout=contiguous", f"ranks [{last}] differ", kind=CommMismatchError)
+    qu = torch.randn(1, 4, n, 8)
+    expect_error(lambda: F.ulysses_attention(qu, qu, qu, causal=r == last), "ulysses_attention",
+                 "causal=True", kind=CommMismatchError)
+    x = torch.randn(2, 6 if r == last else 4, 3)
+    expect_error(lambda: F.unshard_sequence(x), "unshard_sequence", "(2, 6, 3)",
+                 kind=CommMismatchError)
+    bad = torch.randn(1, 3, 2, 8) if r == 0 else q  # rank 0 alone fails its length check
+    if r == 0:
+        expect_error(lambda: F.ring_attention(bad, bad, bad), "length 3", "divide by 2")
+    else:
+        expect_error(lambda: F.ring_attention(bad, bad, bad), "ranks [0] failed",
+                     kind=CommMismatchError)
+    o = F.ring_attention(q, q, q, causal=True)  # agreeing ranks still run
+    assert o.shape == q.shape and torch.isfinite(o).all()
 
 
 def case_errors():
