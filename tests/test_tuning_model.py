@@ -86,6 +86,13 @@ def test_native_uses_its_measured_curve():
     assert curve(1 << 21) == pytest.approx(500e-6 + slope * (1 << 20))
 
 
+def test_curves_never_fall_with_size():
+    # a spike at 512 B (a noisy measurement) is bounded by what 4 KiB took
+    curve = Curve({8: 2e-6, 512: 90e-6, 4096: 5e-6, 32768: 20e-6})
+    assert curve.times == [2e-6, 5e-6, 5e-6, 20e-6]
+    assert curve(512) == 5e-6
+
+
 def test_eligible_restricts_and_one_rank_costs_nothing():
     assert [p.algorithm for p in predict("all_reduce", N, 4, Table(LINK), ["ring"])] == ["ring"]
     assert predict("all_reduce", N, 1, Table(LINK))[0].seconds == 0.0

@@ -96,16 +96,22 @@ DEFAULT_LINKS: dict[str, LinkCost] = {
 
 
 class Curve:
-    """A measured time curve ``nbytes -> seconds`` (the engine's native collective at one group
-    size), interpolated linearly in log-log space between measured points and extrapolated
-    with the α-β line through the two nearest points beyond either end."""
+    """A measured time curve ``nbytes -> seconds`` (e.g. the engine's native collective at one
+    group size), made non-decreasing, interpolated linearly in log-log space between measured
+    points and extrapolated with the α-β line through the two nearest points beyond either end."""
 
     def __init__(self, points: dict[int, float] | list[tuple[int, float]]):
         items = sorted(dict(points).items())
         if len(items) < 2:
             raise ValueError("a curve needs at least two measured sizes")
         self.sizes = [max(1, int(s)) for s, _ in items]
-        self.times = [float(t) for _, t in items]
+        # Moving more bytes never takes less time, so a time measured at a larger size bounds
+        # every smaller one: each point is the minimum over itself and all larger sizes. This
+        # removes the upward spikes a shared machine puts into single measurements.
+        times = [float(t) for _, t in items]
+        for i in range(len(times) - 2, -1, -1):
+            times[i] = min(times[i], times[i + 1])
+        self.times = times
 
     def __call__(self, nbytes: int) -> float:
         s, t = self.sizes, self.times
