@@ -10,11 +10,14 @@ mean, as bench/calibrate.py does) and compares:
 * **prediction**: the model's time for each (collective, size, algorithm) it can price, against
   the measured median; a point is *within* when |predicted / measured - 1| <= 25 %;
 * **selection**: the algorithm ``commlib`` picks automatically for (collective, size), against the
-  fastest measured one; a point is *good* when the pick is within 10 % of the fastest.
+  fastest measured one; a point is *good* when the pick is within 10 % of the fastest;
+* **the automatic call** (``algorithm=None``, timed itself) against the best of every algorithm
+  and, for all_reduce, raw mpi4py ``Allreduce`` on the same buffer (column ``auto/all``).
 
-It prints one table per world size and the two shares over all points. The model reads the tuning
-file (``COMMLIB_TUNING_FILE`` or the per-host cache written by bench/calibrate.py); without one it
-uses the default link costs, and says so.
+It prints one table per world size and the shares over all points. The model is the group's own
+(``group.model``: from the tuning file, ``COMMLIB_TUNING_FILE`` or the per-host cache written by
+bench/calibrate.py; without one, the defaults and the built-in probe), and the table says which.
+Only algorithms eligible on the group are timed.
 """
 
 from __future__ import annotations
@@ -37,10 +40,9 @@ def worker(args) -> int:
 
     import commlib
     from calibrate import measure, run
-    from commlib.algorithms import algorithm_names, get_algorithm
+    from commlib.algorithms import get_algorithm
     from commlib.tuning import select
-    from commlib.tuning.calibration import load, table_for
-    from commlib.tuning.model import DEFAULT_LINKS, Table, predict
+    from commlib.tuning.selector import eligible, predictions
 
     torch.set_num_threads(1)
     commlib.init()
@@ -48,12 +50,10 @@ def worker(args) -> int:
     comm = MPI.COMM_WORLD
     p = group.size
     target, rounds = (0.02, 3) if args.quick else (0.05, 5)
-    table = table_for(load(), group.backend.name, p)
-    source = "tuning file" if table is not None else "defaults (no calibration)"
-    table = table or Table(DEFAULT_LINKS["shm"])
+    model = group.model
     rows = []
     for coll in COLLECTIVES:
-        names = algorithm_names(coll)
+        names = eligible(coll, model)
         by_fn = {get_algorithm(coll, n): n for n in names}
         for nbytes in SIZES:
             count = max(p, nbytes // 4 // p * p)
@@ -61,29 +61,39 @@ def worker(args) -> int:
             size = count * 4
             measured = {a: measure(lambda a=a, f=full, q=part, c=coll: run(c, f, q, a), comm, target, rounds)
                         for a in names}
-            predicted = {x.algorithm: x.seconds for x in predict(coll, size, p, table)}
+            others = {"(auto)": measure(lambda f=full, q=part, c=coll: run(c, f, q, None), comm, target, rounds)}
+            if coll == "all_reduce":
+                view = full.numpy()
+                others["(mpi4py)"] = measure(lambda v=view: comm.Allreduce(MPI.IN_PLACE, v, MPI.SUM), comm,
+                                             target, rounds)
+            predicted = {x.algorithm: x.seconds for x in predictions(coll, size, group, model)}
             picked = by_fn[select(coll, size, group, None, coll)]
             rows.append({"p": p, "collective": coll, "size": size, "measured": measured,
-                         "predicted": predicted, "picked": picked})
+                         "others": others, "predicted": predicted, "picked": picked})
     if group.rank == 0:
         with open(args.json, "w") as f:
-            json.dump({"p": p, "model": source, "rows": rows}, f)
+            json.dump({"p": p, "model": model.source, "rows": rows}, f)
     commlib.finalize()
     return 0
 
 
-def report(docs: list[dict]) -> tuple[float, float]:
-    within = total_pred = good = total_sel = 0
+def report(docs: list[dict]) -> dict[str, float]:
+    within = total_pred = good = total_sel = auto_ok = total_auto = 0
     for doc in docs:
         print(f"\n# {doc['p']} ranks; model from {doc['model']}")
-        print(f"# {'collective':14} {'size':>10}  {'picked':18} {'best':18} {'pick/best':>9}  "
+        print(f"# {'collective':14} {'size':>10}  {'picked':18} {'best':18} {'pick/best':>9} {'auto/all':>8}  "
               "prediction error per algorithm (predicted/measured - 1)")
         for r in doc["rows"]:
-            measured, predicted = r["measured"], r["predicted"]
+            measured, predicted, others = r["measured"], r["predicted"], r["others"]
             best = min(measured, key=measured.get)
             ratio = measured[r["picked"]] / measured[best]
             total_sel += 1
             good += ratio <= 1 + SELECT_TOL
+            # the automatic call against the best of every algorithm and the raw engine call
+            auto = others["(auto)"] / min([*measured.values()] + [v for k, v in others.items() if k != "(auto)"])
+            if r["collective"] == "all_reduce":
+                total_auto += 1
+                auto_ok += auto <= 1 + SELECT_TOL
             errs = []
             for a, t in sorted(measured.items()):
                 if a in predicted:
@@ -94,24 +104,30 @@ def report(docs: list[dict]) -> tuple[float, float]:
                 else:
                     errs.append(f"{a}:n/a")
             print(f"  {r['collective']:14} {r['size']:>10}  {r['picked']:18} {best:18} "
-                  f"{ratio:9.2f}  {' '.join(errs)}")
-    pred_share = within / total_pred if total_pred else 0.0
-    sel_share = good / total_sel if total_sel else 0.0
-    print(f"\n# prediction within ±{PREDICT_TOL:.0%}: {within}/{total_pred} points = {pred_share:.1%} "
-          "(goal >= 80%)")
-    print(f"# selection within {SELECT_TOL:.0%} of the fastest: {good}/{total_sel} points = "
-          f"{sel_share:.1%} (goal >= 90%)")
-    return pred_share, sel_share
+                  f"{ratio:9.2f} {auto:8.2f}  {' '.join(errs)}")
+    shares = {"prediction": within / total_pred if total_pred else 0.0,
+              "selection": good / total_sel if total_sel else 0.0,
+              "all_reduce_auto": auto_ok / total_auto if total_auto else 0.0}
+    print(f"\n# prediction within ±{PREDICT_TOL:.0%}: {within}/{total_pred} points = "
+          f"{shares['prediction']:.1%} (goal >= 80%)")
+    print(f"# selection within {SELECT_TOL:.0%} of the fastest algorithm: {good}/{total_sel} points = "
+          f"{shares['selection']:.1%} (goal >= 90%)")
+    print(f"# commlib.all_reduce within {SELECT_TOL:.0%} of the best of its algorithms and MPI's "
+          f"Allreduce: {auto_ok}/{total_auto} points = {shares['all_reduce_auto']:.1%} (goal 100%)")
+    return shares
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="bench/model_accuracy.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", default="2,3,4", help="world sizes to run (default 2,3,4)")
     parser.add_argument("--quick", action="store_true", help="shorter loops, fewer rounds")
+    parser.add_argument("--max-bytes", type=int, default=None, help="sizes up to this only")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", default=None, help="worker: where to write its rows; "
                         "spawner: also write every row here")
     args = parser.parse_args(argv)
+    if args.max_bytes is not None:
+        SIZES[:] = [n for n in SIZES if n <= args.max_bytes] or SIZES[:1]
     if args.worker:
         return worker(args)
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
@@ -120,7 +136,8 @@ def main(argv=None) -> int:
         for n in [int(x) for x in args.ranks.split(",")]:
             out = os.path.join(tmp, f"np{n}.json")
             cmd = [mpiexec, "-n", str(n), sys.executable, os.path.abspath(__file__), "--worker",
-                   "--json", out] + (["--quick"] if args.quick else [])
+                   "--json", out] + (["--quick"] if args.quick else []) + \
+                (["--max-bytes", str(args.max_bytes)] if args.max_bytes is not None else [])
             subprocess.run(cmd, check=True, timeout=1800)
             with open(out) as f:
                 docs.append(json.load(f))

@@ -96,3 +96,22 @@ def test_calibrate_across_virtual_hosts_and_select_from_it(tmp_path):
 def test_explain_on_one_host_without_calibration():
     proc = run_mpi_hosts(["a", "a", "a"], "tuning_explain.py", "one-host", timeout=240)
     assert "ok case_explain_agrees_and_runs (world size 3)" in proc.stdout
+
+
+def test_model_accuracy_bench_reports_its_shares(tmp_path):
+    out = tmp_path / "acc.json"
+    proc = run_cmd([sys.executable, str(ROOT / "bench" / "model_accuracy.py"), "--ranks", "2",
+                    "--quick", "--max-bytes", "4096", "--json", str(out)], timeout=300, env=base_env())
+    for line in ("# prediction within ±25%:", "# selection within 10% of the fastest algorithm:",
+                 "# commlib.all_reduce within 10% of the best"):
+        assert line in proc.stdout, proc.stdout
+    (doc,) = json.loads(out.read_text())
+    assert doc["p"] == 2 and "defaults and probe" in doc["model"]
+    rows = doc["rows"]
+    assert {r["collective"] for r in rows} == {"all_reduce", "all_gather", "reduce_scatter", "broadcast"}
+    ar = [r for r in rows if r["collective"] == "all_reduce"]
+    assert [r["size"] for r in ar] == [8, 32, 128, 512, 2048]
+    for r in ar:  # the shared-memory algorithms are eligible on one host; hierarchical is not
+        assert {"shm_oneshot", "shm_twoshot", "native", "ring"} <= set(r["measured"])
+        assert "hierarchical" not in r["measured"] and set(r["others"]) == {"(auto)", "(mpi4py)"}
+        assert r["picked"] in r["measured"] and all(t > 0 for t in r["measured"].values())
