@@ -10,7 +10,9 @@ For each total sequence length and algorithm it prints, side by side in one run:
 * ``t1``: one process computing forward+backward of ``scaled_dot_product_attention`` on the full
   sequence (rank 0, the other ranks sleeping), median over rounds;
 * ``tN``: forward+backward per rank of the sequence-parallel call (slowest rank), median;
-* ``eff = t1 / (N * tN)``: parallel efficiency;
+* ``eff = t1 / (N * tN)``: parallel efficiency (wall clock, the goal's definition); ``effcpu``:
+  the same ratio of thread CPU times (waits spin, so they count), a cross-check that other jobs
+  on the machine inflate less: when ``eff`` is far below ``effcpu``, cores were taken away;
 * ``comm``: the same transfers run alone (no compute in between), median;
 * ``exposed``: transfer time left after the compute: per batch, the wait from the moment this
   rank finished computing *and* both ring neighbours had posted the batch until it completed
@@ -230,7 +232,7 @@ def main(argv=None) -> int:
         f"batch {args.batch}, heads {args.heads}/{args.kv_heads} (q/kv), head_dim {args.head_dim}, "
         f"causal {args.causal}, layout {args.layout} (ulysses: contiguous), float32, "
         f"{torch.get_num_threads()} thread per process, {args.rounds} rounds, medians")
-    out(f"# {'algorithm':>9} {'seq':>7} {'t1(ms)':>9} {'tN(ms)':>9} {'eff':>6} {'hidden':>7} "
+    out(f"# {'algorithm':>9} {'seq':>7} {'t1(ms)':>9} {'tN(ms)':>9} {'eff':>6} {'effcpu':>6} {'hidden':>7} "
         f"{'comm(ms)':>9} {'exposed':>8} {'imbal':>7} {'mem1(MiB)':>10} {'memN(MiB)':>10} {'memN/mem1':>9} {'err':>9}")
     rows = []
     for s in args.seq:
@@ -252,19 +254,22 @@ def main(argv=None) -> int:
                 sleep_until(0)
                 err = 0.0
             t1s, tns, exposed, alone, imbalance = [], [], [], [], []
+            c1s, cns = [], []
             for _ in range(args.rounds):
                 if rank == 0:  # the one-process reference, the other ranks asleep
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), time.thread_time()
                     one_process(args, full)
                     t1s.append(time.perf_counter() - t0)
+                    c1s.append(time.thread_time() - c0)
                     release()
                 else:
                     sleep_until(0)
                 commlib.barrier()
                 _ring.reset_stats(trace=True)
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 parallel(args, algorithm, local)
                 tns.append(max_over_ranks(time.perf_counter() - t0))
+                cns.append(max_over_ranks(time.thread_time() - c0))
                 if algorithm != "ulysses":
                     imb, xfer = wait_split()
                     imbalance.append(imb)
@@ -290,15 +295,17 @@ def main(argv=None) -> int:
             commlib.barrier()
             mem_n = max_over_ranks(peak_of(lambda a=algorithm, x=local: parallel(args, a, x)))
             eff = t1 / (n * tn) if rank == 0 else 0.0
+            eff_cpu = _median(c1s) / (n * _median(cns)) if rank == 0 else 0.0
             mib = 1 << 20
             if rank == 0:
                 row = dict(algorithm=algorithm, seq=s, ranks=n, t1_ms=t1 * 1e3, tn_ms=tn * 1e3,
-                           efficiency=eff, hidden=hidden, mem1_mib=mem1 / mib, memn_mib=mem_n / mib,
+                           efficiency=eff, efficiency_cpu=eff_cpu, hidden=hidden, mem1_mib=mem1 / mib,
+                           memn_mib=mem_n / mib,
                            mem_ratio=mem_n / mem1, err=err, comm_ms=statistics.median(alone) * 1e3,
                            exposed_ms=_median(exposed) * 1e3, imbalance_ms=_median(imbalance) * 1e3,
                            t1_rounds=t1s, tn_rounds=tns)
                 rows.append(row)
-                out(f"  {algorithm:>9} {s:>7} {t1 * 1e3:>9.1f} {tn * 1e3:>9.1f} {eff:>6.1%} "
+                out(f"  {algorithm:>9} {s:>7} {t1 * 1e3:>9.1f} {tn * 1e3:>9.1f} {eff:>6.1%} {eff_cpu:>6.1%} "
                     f"{hidden_text:>7} {statistics.median(alone) * 1e3:>9.1f} "
                     f"{_median(exposed) * 1e3:>8.1f} {_median(imbalance) * 1e3:>7.1f} "
                     f"{mem1 / mib:>10.1f} {mem_n / mib:>10.1f} "
