@@ -221,17 +221,22 @@ def main(argv=None) -> int:
                    help="skip the measured longest-sequence search")
     p.add_argument("--search-cap", type=int, default=8,
                    help="stop the search at this multiple of the smallest length")
+    p.add_argument("--no-poll", dest="poll", action="store_false",
+                   help="ring/rsa: do not poll the transfers between sub-blocks (the previous "
+                        "behaviour, to see what polling hides)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     args.kv_heads = args.kv_heads or args.heads
 
+    _ring.POLL = args.poll
     commlib.init()
     rank, n = commlib.get_rank(), commlib.get_world_size()
     out = print if rank == 0 else (lambda *a, **k: None)
     out(f"# seq_attention: {n} ranks, backend {commlib.get_world_group().backend.name}, "
         f"batch {args.batch}, heads {args.heads}/{args.kv_heads} (q/kv), head_dim {args.head_dim}, "
         f"causal {args.causal}, layout {args.layout} (ulysses: contiguous), float32, "
-        f"{torch.get_num_threads()} thread per process, {args.rounds} rounds, medians")
+        f"{torch.get_num_threads()} thread per process, {args.rounds} rounds, medians, "
+        f"{'polling' if args.poll else 'NOT polling'} between sub-blocks")
     out(f"# {'algorithm':>9} {'seq':>7} {'t1(ms)':>9} {'tN(ms)':>9} {'eff':>6} {'effcpu':>6} {'hidden':>7} "
         f"{'comm(ms)':>9} {'exposed':>8} {'imbal':>7} {'mem1(MiB)':>10} {'memN(MiB)':>10} {'memN/mem1':>9} {'err':>9}")
     rows = []

@@ -50,6 +50,11 @@ _clock = time.perf_counter
 STATS = {"compute_s": 0.0, "wait_s": 0.0, "batches": 0, "polls": 0, "trace": None}
 
 
+# Poll the transfers between sub-blocks (True; False only to measure what polling buys, as
+# bench/seq_attention.py --no-poll does).
+POLL = True
+
+
 def reset_stats(trace: bool = False) -> None:
     STATS.update(compute_s=0.0, wait_s=0.0, batches=0, polls=0, trace=[] if trace else None)
 
@@ -119,7 +124,7 @@ def ring_loop(plan: RingPlan, group, moving: Sequence[torch.Tensor], compute: Ca
             ops += _exchange(group, plan, acc, incoming, _TAG_CARRY)
         t0 = _clock()
         works = _post(ops)
-        contribution = compute(step, cur, _poller(works) if works else _no_poll)
+        contribution = compute(step, cur, _poller(works) if works and POLL else _no_poll)
         t1 = _clock()
         STATS["compute_s"] += t1 - t0
         _wait(works, t0, t1)
@@ -146,32 +151,31 @@ def _bhsd(t: torch.Tensor) -> torch.Tensor:
 
 class _CarryKV:
     """``carry`` for (dK, dV) accumulators kept in the user's (b, s, h_kv, d) layout, shaped like
-    ``like``. Partial gradients are (first key chunk, last, KV head slice, dk, dv) in (b, h, s, d)
-    views. Step 0 (the own block; plan_ring makes it one call over every key) writes them with
-    :meth:`own` straight into fresh accumulators as the compute produces them, so no step-0 part
-    is held; later steps return their parts, added once the incoming accumulators arrive."""
+    ``like``. Partial gradients are (first key token, end, KV head slice, dk, dv) in (b, h, s, d)
+    views. Step 0 (the own block) adds them with :meth:`own` straight into fresh zeroed
+    accumulators as the compute produces them, so no step-0 part is held; later steps return
+    their parts (disjoint key ranges), added once the incoming accumulators arrive."""
 
-    def __init__(self, chunk: int, like: Sequence[torch.Tensor]):
-        self.chunk, self.like, self.acc = chunk, like, None
+    def __init__(self, like: Sequence[torch.Tensor]):
+        self.like, self.acc = like, None
 
     def own(self, k0: int, k1: int, heads: slice, dk: torch.Tensor, dv: torch.Tensor) -> None:
         if self.acc is None:
-            self.acc = tuple(torch.empty(t.shape, dtype=_acc_dtype(t.dtype), device=t.device)
+            self.acc = tuple(torch.zeros(t.shape, dtype=_acc_dtype(t.dtype), device=t.device)
                              for t in self.like)
-        self._put(self.acc, ((k0, k1, heads, dk, dv),), True)
+        self._add(self.acc, ((k0, k1, heads, dk, dv),))
 
-    def _put(self, acc, parts, first: bool):
+    @staticmethod
+    def _add(acc, parts):
         for k0, k1, heads, dk, dv in parts:
-            rows = slice(k0 * self.chunk, k1 * self.chunk)
-            for a, g in ((acc[0], dk), (acc[1], dv)):
-                dst = a[:, rows, heads]
-                (dst.copy_ if first else dst.add_)(_bhsd(g))
+            acc[0][:, k0:k1, heads].add_(_bhsd(dk))
+            acc[1][:, k0:k1, heads].add_(_bhsd(dv))
 
     def __call__(self, parts, incoming):
         if incoming is None:
             acc, self.acc = self.acc, None
             return acc
-        self._put(incoming, parts or (), False)
+        self._add(incoming, parts or ())
         return incoming
 
 
@@ -181,6 +185,38 @@ def head_groups(h: int, hk: int, chunks: int):
     head i reads KV head i // (h // hk), so a KV head range owns a contiguous query range)."""
     g, hc = h // hk, hk // chunks
     return [(slice(j * hc * g, (j + 1) * hc * g), slice(j * hc, (j + 1) * hc)) for j in range(chunks)]
+
+
+# Sub-blocks per ring step (one poll after each): enough that a transfer posted by a neighbour
+# that is a little behind still finds a poll or two before the compute ends.
+SUBBLOCKS = 8
+
+
+def _row_pieces(call, c: int, parts: int):
+    """Split a call into ``parts`` pieces of query rows: (first part of its rows, rows, keys,
+    causal), token slices. A causal call is the diagonal block (plan_ring: same chunks for
+    queries and keys), so a piece of rows [a, b) is the keys before it (full) and its own square
+    triangle (causal, top-left aligned as the kernels define it)."""
+    r0, r1, k0, k1 = call.q0 * c, call.q1 * c, call.k0 * c, call.k1 * c
+    n = r1 - r0
+    p = max(1, min(parts, n))
+    for i in range(p):
+        a, b = r0 + n * i // p, r0 + n * (i + 1) // p
+        if not call.causal:
+            yield True, slice(a, b), slice(k0, k1), False
+            continue
+        if a > r0:
+            yield True, slice(a, b), slice(k0, k0 + a - r0), False
+        yield a == r0, slice(a, b), slice(k0 + a - r0, k0 + b - r0), True
+
+
+def _col_pieces(call, c: int, parts: int):
+    """Split a non-causal call into ``parts`` pieces of key columns (disjoint dK/dV): (rows, keys)."""
+    k0, k1 = call.k0 * c, call.k1 * c
+    n = k1 - k0
+    p = max(1, min(parts, n))
+    rows = slice(call.q0 * c, call.q1 * c)
+    return [(rows, slice(k0 + n * i // p, k0 + n * (i + 1) // p)) for i in range(p)]
 
 
 class RingAttention(torch.autograd.Function):
@@ -200,20 +236,22 @@ class RingAttention(torch.autograd.Function):
         for qh, kh in head_groups(h, k.shape[2], chunks):
             qt, out_g, lse_g = _bhsd(q)[:, qh], out_acc[:, qh], lse_acc[:, qh]
             subs = head_groups(qt.shape[1], kh.stop - kh.start, kh.stop - kh.start)
+            pieces = -(-SUBBLOCKS // len(subs))
 
-            def compute(step, cur, poll, qt=qt, out_g=out_g, lse_g=lse_g, subs=subs):
+            def compute(step, cur, poll, qt=qt, out_g=out_g, lse_g=lse_g, subs=subs,
+                        pieces=pieces):
                 kt, vt = _bhsd(cur[0]), _bhsd(cur[1])
                 for call in step.calls:
-                    rows, cols = slice(call.q0 * c, call.q1 * c), slice(call.k0 * c, call.k1 * c)
                     for sq, sk in subs:
-                        o, lse = ops.forward(qt[:, sq, rows], kt[:, sk, cols], vt[:, sk, cols],
-                                             call.causal, scale)
-                        if step.index == 0:  # covers every row (plan_ring guarantees it)
-                            out_g[:, sq].copy_(o)
-                            lse_g[:, sq].copy_(lse)
-                        else:
-                            merge_(out_g[:, sq, rows], lse_g[:, sq, rows], o, lse)
-                        poll()
+                        for first, rows, cols, causal in _row_pieces(call, c, pieces):
+                            o, lse = ops.forward(qt[:, sq, rows], kt[:, sk, cols],
+                                                 vt[:, sk, cols], causal, scale)
+                            if step.index == 0 and first:  # step 0 covers every row once
+                                out_g[:, sq, rows].copy_(o)
+                                lse_g[:, sq, rows].copy_(lse)
+                            else:
+                                merge_(out_g[:, sq, rows], lse_g[:, sq, rows], o, lse)
+                            poll()
 
             ring_loop(plan, group, (k[:, :, kh], v[:, :, kh]), compute)
         out = out_acc.to(q.dtype)  # (b, h, s, d) view of (b, s, h, d) memory
@@ -235,27 +273,34 @@ class RingAttention(torch.autograd.Function):
             qt, dot, out_g, lse_g = _bhsd(q)[:, qh], _bhsd(dout)[:, qh], out[:, qh], lse[:, qh]
             dq_g = _bhsd(dq_acc)[:, qh]
             subs = head_groups(qt.shape[1], kh.stop - kh.start, kh.stop - kh.start)
+            pieces = -(-SUBBLOCKS // len(subs))
             moving = (k[:, :, kh], v[:, :, kh])
-            carry = _CarryKV(c, moving)
+            carry = _CarryKV(moving)
 
-            def compute(step, cur, poll, qt=qt, dot=dot, out_g=out_g, lse_g=lse_g, dq_g=dq_g,
-                        subs=subs, carry=carry):
+            def block(sq, sk, rows, cols, causal, kt, vt, qt=qt, dot=dot, out_g=out_g,
+                      lse_g=lse_g):
+                return ops.backward(dot[:, sq, rows], qt[:, sq, rows], kt[:, sk, cols],
+                                    vt[:, sk, cols], out_g[:, sq, rows], lse_g[:, sq, rows],
+                                    causal, scale)
+
+            def compute(step, cur, poll, dq_g=dq_g, subs=subs, pieces=pieces, carry=carry,
+                        block=block):
                 kt, vt = _bhsd(cur[0]), _bhsd(cur[1])
                 parts = []
                 for call in step.calls:
-                    rows, cols = slice(call.q0 * c, call.q1 * c), slice(call.k0 * c, call.k1 * c)
                     for sq, sk in subs:
-                        dq, dk, dv = ops.backward(dot[:, sq, rows], qt[:, sq, rows],
-                                                  kt[:, sk, cols], vt[:, sk, cols],
-                                                  out_g[:, sq, rows], lse_g[:, sq, rows],
-                                                  call.causal, scale)
-                        if step.index == 0:
-                            dq_g[:, sq].copy_(dq)
-                            carry.own(call.k0, call.k1, sk, dk, dv)
-                        else:
+                        if step.index == 0:  # the own block, by rows: dK/dV add up at home
+                            for first, rows, cols, causal in _row_pieces(call, c, pieces):
+                                dq, dk, dv = block(sq, sk, rows, cols, causal, kt, vt)
+                                (dq_g[:, sq, rows].copy_ if first else dq_g[:, sq, rows].add_)(dq)
+                                carry.own(cols.start, cols.stop, sk, dk, dv)
+                                poll()
+                            continue
+                        for rows, cols in _col_pieces(call, c, pieces):  # disjoint dK/dV parts
+                            dq, dk, dv = block(sq, sk, rows, cols, False, kt, vt)
                             dq_g[:, sq, rows].add_(dq)
-                            parts.append((call.k0, call.k1, sk, dk, dv))
-                        poll()
+                            parts.append((cols.start, cols.stop, sk, dk, dv))
+                            poll()
                 return parts
 
             dk, dv = ring_loop(plan, group, moving, compute, carry)
@@ -330,7 +375,7 @@ class RSAAttention(torch.autograd.Function):
         heads = head_groups(h, k.shape[2], k.shape[2])
         state = {"dq": torch.empty(b, h, sl, d, dtype=p.dtype, device=q.device)}
 
-        carry = _CarryKV(sl, (k, v))
+        carry = _CarryKV((k, v))
 
         def compute(step, cur, poll):
             kt, vt = _bhsd(cur[0]), _bhsd(cur[1])
@@ -340,10 +385,10 @@ class RSAAttention(torch.autograd.Function):
                                                qt[:, sq], kt[:, sk], vt[:, sk], delta[:, sq], scale)
                 if step.index == 0:
                     state["dq"][:, sq].copy_(dq)
-                    carry.own(0, 1, sk, dk, dv)
+                    carry.own(0, sl, sk, dk, dv)
                 else:
                     state["dq"][:, sq].add_(dq)
-                    parts.append((0, 1, sk, dk, dv))
+                    parts.append((0, sl, sk, dk, dv))
                 poll()
             return parts
 
