@@ -123,10 +123,10 @@ def _divisible(fn: str, arg: str, shape, dim: int, length: int, parts: int, why:
 
 
 def default_head_chunks(kv_heads: int, size: int) -> int:
-    """The largest divisor of ``kv_heads`` that is at most 2 x ``size`` (1 when size is 1)."""
-    if size == 1:
-        return 1
-    return max(c for c in range(1, min(kv_heads, 2 * size) + 1) if kv_heads % c == 0)
+    """One KV head per group on a ring (``kv_heads``; 1 when size is 1): the ring's buffers are
+    then 1/kv_heads of the rank's K/V (peak memory per rank closest to 1/N of one process), while
+    each step still computes for milliseconds, far above its fixed cost of well under one."""
+    return 1 if size == 1 else kv_heads
 
 
 # ----- ring attention ----------------------------------------------------------------------------
@@ -149,9 +149,9 @@ def ring_attention(q, k, v, *, causal: bool = False, group=None, layout: str = "
             paper's K pass, softmax over full score rows, V pass; O(s_local x s) memory).
         head_chunks: ``"ring"`` only: run the ring once per group of KV heads, ``head_chunks``
             groups (must divide the KV head count): in-flight buffers shrink to 1/head_chunks,
-            messages multiply by head_chunks. Default: the largest divisor of the KV head count
-            that is at most 2N (1 on one rank), so the ring's buffers stay a small fraction of the
-            rank's own tensors (peak memory per rank near 1/N of one process).
+            messages multiply by head_chunks. Default: the KV head count (one KV head per ring
+            pass; 1 on one rank), so the ring's buffers stay a small fraction of the rank's own
+            tensors (peak memory per rank near 1/N of one process).
 
     Returns:
         ``out`` shaped like q (and ``lse``): this rank's rows of the full-sequence attention.

@@ -121,10 +121,9 @@ def run_ring(algorithm, layout, causal, h, hk, chunk, seed, d=8, b=2, dtype=torc
         close(f"{name} {what}", got.float(), local(want, layout), rtol)
     # messages: K and V hop N-1 times forward (twice over for rsa: K pass, V pass); backward
     # K/V hop N-1 times and the (dK, dV) accumulators N times, in N+1 batches; all of it once
-    # per head group (documented default: the largest divisor of the KV heads <= 2N, 1 if N = 1).
+    # per head group (documented default: one group per KV head, 1 if N = 1).
     if head_chunks is None:
-        head_chunks = max(c for c in range(1, min(hk, 2 * n) + 1) if hk % c == 0) \
-            if algorithm == "ring" and n > 1 else 1
+        head_chunks = hk if algorithm == "ring" and n > 1 else 1
     passes = 2 if algorithm == "rsa" else head_chunks
     if n == 1:
         assert (fwd.batches, bwd.batches, fwd.sends + bwd.sends) == (0, 0, 0)
