@@ -151,7 +151,7 @@ OPTIONS: dict[str, Option] = {
                "messages are pipelined through it in chunks. A multiple of 4096."),
         Option("shm_spin", None, _parse_optional_int,
                "Polls a rank waiting on shared memory spins before it yields its core. Default: "
-               "20000, or 50 when the group's ranks outnumber the cores."),
+               "2000 (about 50 us), or 50 when the group's ranks outnumber the cores."),
     ]
 }
 

@@ -77,7 +77,10 @@ def default_spin(size: int) -> int:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
-    return 20000 if size <= cores else 50
+    # 2000 polls of `pause` take ~50 us here; 20000 took 0.5 ms, which a rank burnt on every
+    # step whenever another job pushed its peer onto the same core (measured: 0.5-0.7 ms outliers
+    # at 2 ranks; 2000 was as fast as 20000 at 16 B to 1 MiB, 200 was slower; docs/shm.md)
+    return 2000 if size <= cores else 50
 
 
 def _all_gather_ints(backend, values: list[int]) -> list[list[int]]:
