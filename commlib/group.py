@@ -160,6 +160,10 @@ def init(backend: str | None = None, *, timeout: float | None = None, debug: boo
         raise arg_error("init", "timeout_mode", mode, "must be 'abort' or 'raise'",
                         "pass timeout_mode='raise' for catchable timeouts")
     _state.timeout_mode = mode
+    if world_backend.size > 1 and config.get("abort_on_exception"):
+        # Before the world group is built: building it is collective (shared-memory segment, cost
+        # model), and a rank failing there must end the job, not leave the others waiting.
+        _install_abort_hook(world_backend)
     world = Group(world_backend, world_backend.global_ranks(), "world", timeout_s,
                   bool(config.get("debug", debug)))
     _state.world, _state.backend_name, _state.groups = world, name, [world]
@@ -167,8 +171,6 @@ def init(backend: str | None = None, *, timeout: float | None = None, debug: boo
              name, source, timeout_s, mode, world.debug)
     if mode == "abort" and world.size > 1:
         _watchdog.start(lambda: _state.groups)
-    if world.size > 1 and config.get("abort_on_exception"):
-        _install_abort_hook(world_backend)
     return world
 
 

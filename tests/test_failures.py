@@ -72,3 +72,10 @@ def test_uncaught_exception_on_one_rank_ends_the_job(mpirun):
     assert "RuntimeError: boom on rank 3" in proc.stderr, proc.stderr
     assert took < 40, f"the other ranks were left waiting ({took:.0f} s)"
     assert "the job was not ended" not in proc.stderr
+
+
+def test_failure_while_building_the_world_group_ends_the_job(mpirun):
+    proc = mpirun(3, "init_failure.py", timeout=90, check=False)
+    assert proc.returncode != 0
+    assert "injected failure while building the world group" in proc.stderr
+    assert "unreachable" not in proc.stdout

@@ -92,6 +92,15 @@ def _table_from_json(doc: dict) -> Table:
                  link(doc["shard_inter"]), link(doc["shm"]))
 
 
+def _default_table() -> Table:
+    """Uncalibrated CPU defaults, with this host's copy and reduce bandwidth from the probe."""
+    probe = _probe()
+    step, sync = DEFAULT_LINKS["shm"], DEFAULT_LINKS["shm_sync"]
+    table = Table(LinkCost(step.alpha, 3 * probe["beta"], probe["gamma"]))
+    table.shm = LinkCost(sync.alpha, probe["beta"], probe["gamma"])
+    return table
+
+
 def _local_table(group, layout) -> tuple[Table, str]:
     """Rank 0's view: the tuning file's entry for this group's shape (size, hosts), else
     defaults with the probe. Across hosts: intra-host links from the host's own entry if the
@@ -109,14 +118,13 @@ def _local_table(group, layout) -> tuple[Table, str]:
     table = table_for(doc, backend, group.size, hosts)
     links = {}
     if table is not None:
-        source = f"tuning file, entry {key}"
-        links = doc["groups"][key]["links"]
+        entry = doc["groups"].get(key)
+        if entry is not None:
+            source, links = f"tuning file, entry {key}", entry["links"]
+        else:  # the nearest size's link costs (table_for), no curves
+            source = f"tuning file, nearest entry to {key} (link costs only)"
     else:
-        probe = _probe()
-        step, sync = DEFAULT_LINKS["shm"], DEFAULT_LINKS["shm_sync"]
-        table = Table(LinkCost(step.alpha, 3 * probe["beta"], probe["gamma"]))
-        table.shm = LinkCost(sync.alpha, probe["beta"], probe["gamma"])
-        source = why
+        table, source = _default_table(), why
     if hosts > 1 and layout.uniform:
         per_host = layout.ranks_per_host
         table.local = per_host
@@ -141,7 +149,12 @@ def setup(group) -> GroupModel:
     length = torch.zeros(1, dtype=torch.int64)
     payload = b""
     if backend.rank == 0:
-        table, source = _local_table(group, layout)
+        try:
+            table, source = _local_table(group, layout)
+        except Exception as exc:  # noqa: BLE001 - rank 0 must still send a model, or the others wait
+            log.warning("commlib: building the cost model failed (%s: %s); using the defaults",
+                        type(exc).__name__, exc)
+            table, source = _default_table(), f"defaults and probe (model failed: {exc})"
         payload = json.dumps({"table": _table_json(table), "source": source}).encode()
         length[0] = len(payload)
     if group.size > 1:
