@@ -11,8 +11,8 @@ between hosts with one pair crossing, ``net_rails`` with every local rank's pair
   algorithm's step runs), timed per step from 8 B to 16 MiB and fitted to ``t = α + n·β``; the
   measured step times are kept too, and the model prices steps from them;
 * γ, the local reduction cost: commlib's reduce kernel (float32 SUM) per byte, 1 to 16 MiB;
-* curves of the algorithms no step formula describes well: the engine's own collectives
-  (``native``) and, where the group has a shared-memory segment, the ``shm*`` ones, for
+* the curve of every algorithm eligible on the group (the engine's own collectives, the
+  shared-memory ones where the group has a segment, commlib's point-to-point ones) for
   all_reduce, all_gather, reduce_scatter and broadcast from 8 B to 64 MiB.
 
 Every value is the median over rounds of the slowest rank's mean. The result is merged into the
@@ -33,13 +33,13 @@ from mpi4py import MPI
 
 import commlib
 from commlib._progress import start
-from commlib.algorithms import algorithm_names
 from commlib.collectives import _ctx
 from commlib.kernels import reduce_
 from commlib.ops import ReduceOp
 from commlib.algorithms.hierarchical import host_layout
 from commlib.tuning.calibration import entry_key, fit_alpha_beta, load, save_entry, tuning_path
-from commlib.tuning.model import SHM_ALGORITHMS, Curve, LinkCost
+from commlib.tuning.model import Curve, LinkCost
+from commlib.tuning.selector import eligible
 
 torch.set_num_threads(1)
 
@@ -113,12 +113,13 @@ def run(coll: str, full, part, algorithm: str) -> None:
 
 
 def measured_algorithms(group, coll: str) -> list[str]:
-    """The algorithms calibration measures curves of: the engine's own, and the shared-memory
-    ones where the group has a segment (no step formula describes either well)."""
-    names = ["native"]
-    if getattr(group, "shm", None) is not None:
-        names += [a for a in algorithm_names(coll) if a in SHM_ALGORITHMS]
-    return names
+    """The algorithms calibration measures curves of: every algorithm eligible on the group.
+    The engine's own and the shared-memory ones have no step formula that describes them well;
+    commlib's point-to-point algorithms have formulas, but on CPU ranks they also pay what no
+    step formula sees (a fresh temporary per call: page faults above the allocator's cache, the
+    local reduction's cache misses), so a measured curve prices them better where one exists.
+    The formulas price everything else: other group sizes, other machines, planning."""
+    return eligible(coll, group.model) if group.model is not None else ["native"]
 
 
 def curves(group, comm, p, target, rounds) -> dict[str, dict[str, dict[int, float]]]:

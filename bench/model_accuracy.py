@@ -8,7 +8,9 @@ world size, it times every algorithm the collective has (median over rounds of t
 mean, as bench/calibrate.py does) and compares:
 
 * **prediction**: the model's time for each (collective, size, algorithm) it can price, against
-  the measured median; a point is *within* when |predicted / measured - 1| <= 25 %;
+  the measured median; a point is *within* when |predicted / measured - 1| <= 25 %. Where the
+  tuning file has an algorithm's curve this repeats a measurement, so the formulas alone are
+  scored too (the same model keeping only the engine's measured curves);
 * **selection**: the algorithm ``commlib`` picks automatically for (collective, size), against the
   fastest measured one; a point is *good* when the pick is within 10 % of the fastest;
 * **the automatic call** (``algorithm=None``, timed itself) against the best of every algorithm
@@ -23,6 +25,7 @@ Only algorithms eligible on the group are timed.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import subprocess
@@ -42,7 +45,7 @@ def worker(args) -> int:
     from calibrate import measure, run
     from commlib.algorithms import get_algorithm
     from commlib.tuning import select
-    from commlib.tuning.selector import eligible, predictions
+    from commlib.tuning.selector import GroupModel, eligible, predictions
 
     torch.set_num_threads(1)
     commlib.init()
@@ -51,6 +54,12 @@ def worker(args) -> int:
     p = group.size
     target, rounds = (0.02, 3) if args.quick else (0.05, 5)
     model = group.model
+    # The same model with measured curves for the engine's collectives only: how well the step
+    # formulas alone predict commlib's own algorithms.
+    formula_table = copy.copy(model.table)
+    formula_table.curves = {c: {a: cv for a, cv in algos.items() if a == "native"}
+                            for c, algos in model.table.curves.items()}
+    formula_model = GroupModel(formula_table, model.source, model.has_shm, model.hierarchical)
     rows = []
     for coll in COLLECTIVES:
         names = eligible(coll, model)
@@ -67,9 +76,11 @@ def worker(args) -> int:
                 others["(mpi4py)"] = measure(lambda v=view: comm.Allreduce(MPI.IN_PLACE, v, MPI.SUM), comm,
                                              target, rounds)
             predicted = {x.algorithm: x.seconds for x in predictions(coll, size, group, model)}
+            formula = {x.algorithm: x.seconds for x in predictions(coll, size, group, formula_model)}
             picked = by_fn[select(coll, size, group, None, coll)]
             rows.append({"p": p, "collective": coll, "size": size, "measured": measured,
-                         "others": others, "predicted": predicted, "picked": picked})
+                         "others": others, "predicted": predicted, "formula": formula,
+                         "picked": picked})
     if group.rank == 0:
         with open(args.json, "w") as f:
             json.dump({"p": p, "model": model.source, "rows": rows}, f)
@@ -78,7 +89,7 @@ def worker(args) -> int:
 
 
 def report(docs: list[dict]) -> dict[str, float]:
-    within = total_pred = good = total_sel = auto_ok = total_auto = 0
+    within = total_pred = good = total_sel = auto_ok = total_auto = f_within = f_total = 0
     for doc in docs:
         print(f"\n# {doc['p']} ranks; model from {doc['model']}")
         print(f"# {'collective':14} {'size':>10}  {'picked':18} {'best':18} {'pick/best':>9} {'auto/all':>8}  "
@@ -94,6 +105,10 @@ def report(docs: list[dict]) -> dict[str, float]:
             if r["collective"] == "all_reduce":
                 total_auto += 1
                 auto_ok += auto <= 1 + SELECT_TOL
+            for a, t in measured.items():
+                if a in r.get("formula", {}) and a != "native":
+                    f_total += 1
+                    f_within += abs(r["formula"][a] / t - 1) <= PREDICT_TOL
             errs = []
             for a, t in sorted(measured.items()):
                 if a in predicted:
@@ -107,9 +122,12 @@ def report(docs: list[dict]) -> dict[str, float]:
                   f"{ratio:9.2f} {auto:8.2f}  {' '.join(errs)}")
     shares = {"prediction": within / total_pred if total_pred else 0.0,
               "selection": good / total_sel if total_sel else 0.0,
-              "all_reduce_auto": auto_ok / total_auto if total_auto else 0.0}
+              "all_reduce_auto": auto_ok / total_auto if total_auto else 0.0,
+              "formulas": f_within / f_total if f_total else 0.0}
     print(f"\n# prediction within ±{PREDICT_TOL:.0%}: {within}/{total_pred} points = "
           f"{shares['prediction']:.1%} (goal >= 80%)")
+    print(f"#   (the step formulas alone, for commlib's own algorithms: {f_within}/{f_total} = "
+          f"{shares['formulas']:.1%} within ±{PREDICT_TOL:.0%})")
     print(f"# selection within {SELECT_TOL:.0%} of the fastest algorithm: {good}/{total_sel} points = "
           f"{shares['selection']:.1%} (goal >= 90%)")
     print(f"# commlib.all_reduce within {SELECT_TOL:.0%} of the best of its algorithms and MPI's "

@@ -69,9 +69,11 @@ def test_calibrate_writes_a_file_the_model_reads(tmp_path):
     assert table.link.alpha > 0 and table.link.beta > 0 and table.link.gamma > 0
     assert table.link.curve is not None
     assert set(table.curves) == {"all_reduce", "all_gather", "reduce_scatter", "broadcast"}
-    # the engine's curves, and the shared-memory ones (2 ranks on this host have a segment)
-    assert set(table.curves["all_reduce"]) == {"native", "shm_oneshot", "shm_twoshot"}
-    assert set(table.curves["broadcast"]) == {"native", "shm"}
+    # every algorithm eligible on 2 ranks of one host: the engine's, the shared-memory ones (the
+    # group has a segment) and the point-to-point ones; not hierarchical (one host)
+    assert set(table.curves["all_reduce"]) == {"native", "shm_oneshot", "shm_twoshot", "ring",
+                                               "recursive_doubling", "rabenseifner", "binomial"}
+    assert set(table.curves["broadcast"]) == {"native", "shm", "binomial"}
     # measured times grow with size: 64 MiB takes longer than 8 B for every one
     for algos in table.curves.values():
         for curve in algos.values():
