@@ -16,6 +16,7 @@ import time
 
 import torch
 from _harness import main
+from algorithms import reference  # float64 / int64 reduction in rank order, rounded once
 from mpi4py import MPI
 
 import commlib
@@ -24,10 +25,6 @@ FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 INTS = [torch.int8, torch.uint8, torch.int32, torch.int64]
 OPS_FLOAT = ["SUM", "AVG", "PRODUCT", "MIN", "MAX"]
 OPS_INT = ["SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"]
-_BOOL_OP = {"SUM": "BOR", "MAX": "BOR", "PRODUCT": "BAND", "MIN": "BAND"}
-_COMBINE = {"SUM": torch.add, "AVG": torch.add, "PRODUCT": torch.mul, "MIN": torch.minimum,
-            "MAX": torch.maximum, "BAND": torch.bitwise_and, "BOR": torch.bitwise_or,
-            "BXOR": torch.bitwise_xor}
 
 
 def data(rank, count, dtype, op, seed=0):
@@ -40,19 +37,6 @@ def data(rank, count, dtype, op, seed=0):
         return (torch.randn(count, generator=g, dtype=torch.float64) * 8).to(dtype)
     return torch.randint(0, 4 if dtype in (torch.int8, torch.uint8) else 1000, (count,),
                          generator=g).to(dtype)
-
-
-def reference(inputs, op, dtype):
-    """float64 / int64 reduction in rank order, rounded once to ``dtype``."""
-    if dtype is torch.bool:
-        op = _BOOL_OP.get(op, op)
-    wide = torch.float64 if dtype.is_floating_point else torch.int64
-    acc = inputs[0].to(wide)
-    for x in inputs[1:]:
-        acc = _COMBINE[op](acc, x.to(wide))
-    if op == "AVG":
-        acc = acc / len(inputs)
-    return acc.to(dtype) if dtype is not torch.bool else acc.bool()
 
 
 def close(got, want, dtype):
