@@ -70,14 +70,6 @@ __device__ __forceinline__ void block_barrier(ClSignal *const *sigs, int rank, i
 #define CL_LD_BF16(p, i) cl_bf16_to_f32(((const cl_u16 *)(p))[i])
 #define CL_ST_BF16(p, i, v) (((cl_u16 *)(p))[i] = cl_f32_to_bf16(v))
 
-__device__ __forceinline__ float cl_combine(float a, float b, int op) {
-    switch (op) {
-    case CL_PROD: return a * b;
-    case CL_MIN: return cl_minf(a, b);
-    case CL_MAX: return cl_maxf(a, b);
-    default: return a + b;
-    }
-}
 
 // Reduce elements [lo, hi) of every peer's buffer (rank order) into dst; grid-stride loop.
 #define CL_DEFINE_IPC(SUFFIX, LD, ST)                                                          \
@@ -87,7 +79,7 @@ __device__ __forceinline__ float cl_combine(float a, float b, int op) {
         for (size_t i = lo + blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < hi;            \
              i += (size_t)gridDim.x * blockDim.x) {                                            \
             float acc = LD((const void *)ptrs[0], i);                                          \
-            for (int j = 1; j < ngpus; j++) acc = cl_combine(acc, LD((const void *)ptrs[j], i), op); \
+            for (int j = 1; j < ngpus; j++) acc = cl_combinef(acc, LD((const void *)ptrs[j], i), op); \
             if (avg) acc = acc / (float)avg;                                                   \
             ST(dst, i, acc);                                                                   \
         }                                                                                      \

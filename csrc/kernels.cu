@@ -3,14 +3,6 @@
 // CPU path, whose host build is tested against torch in tests/test_kernels.py).
 #include "reduce_math.h"
 
-__device__ __forceinline__ float cl_kcombine(float a, float b, int op) {
-    switch (op) {
-    case CL_PROD: return a * b;
-    case CL_MIN: return cl_minf(a, b);
-    case CL_MAX: return cl_maxf(a, b);
-    default: return a + b;
-    }
-}
 
 __device__ __forceinline__ double cl_kcombine_d(double a, double b, int op) {
     switch (op) {
@@ -36,10 +28,10 @@ __device__ __forceinline__ double cl_kcombine_d(double a, double b, int op) {
     }
 
 #define CL_ID(x) (x)
-CL_DEFINE_REDUCE(f32, float, float, CL_ID, CL_ID, cl_kcombine)
+CL_DEFINE_REDUCE(f32, float, float, CL_ID, CL_ID, cl_combinef)
 CL_DEFINE_REDUCE(f64, double, double, CL_ID, CL_ID, cl_kcombine_d)
-CL_DEFINE_REDUCE(f16, cl_u16, float, cl_f16_to_f32, cl_f32_to_f16, cl_kcombine)
-CL_DEFINE_REDUCE(bf16, cl_u16, float, cl_bf16_to_f32, cl_f32_to_bf16, cl_kcombine)
+CL_DEFINE_REDUCE(f16, cl_u16, float, cl_f16_to_f32, cl_f32_to_f16, cl_combinef)
+CL_DEFINE_REDUCE(bf16, cl_u16, float, cl_bf16_to_f32, cl_f32_to_bf16, cl_combinef)
 
 // float32 <-> float16 / bfloat16 (round to nearest even down, exact up).
 extern "C" __global__ void cl_cast_f32_f16(cl_u16 *out, const float *in, size_t n) {

@@ -102,4 +102,14 @@ CL_HD float cl_maxf(float a, float b) { return a != a ? a : (b != b ? b : (b > a
 CL_HD double cl_mind(double a, double b) { return a != a ? a : (b != b ? b : (b < a ? b : a)); }
 CL_HD double cl_maxd(double a, double b) { return a != a ? a : (b != b ? b : (b > a ? b : a)); }
 
+/* The floating ops in float accumulation (SUM and AVG add; AVG divides once at the end). */
+CL_HD float cl_combinef(float a, float b, int op) {
+    switch (op) {
+    case CL_PROD: return a * b;
+    case CL_MIN: return cl_minf(a, b);
+    case CL_MAX: return cl_maxf(a, b);
+    default: return a + b;
+    }
+}
+
 #endif

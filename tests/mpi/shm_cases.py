@@ -239,6 +239,14 @@ def die():
             commlib.all_reduce(torch.ones(4))
         except commlib.CommBackendError:
             say(f"rank {r} unusable afterwards")
+    # Stay until every survivor has reported: a survivor that exits early is itself a dead peer,
+    # and one still waiting could name it instead of the killed rank.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with open(os.environ["SHM_DIE_REPORT"]) as f:
+            if f.read().count("unusable afterwards") >= n - 1:
+                break
+        time.sleep(0.05)
     os._exit(0)  # no MPI_Finalize: a peer is gone
 
 
