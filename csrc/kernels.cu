@@ -34,19 +34,13 @@ CL_DEFINE_REDUCE(f16, cl_u16, float, cl_f16_to_f32, cl_f32_to_f16, cl_combinef)
 CL_DEFINE_REDUCE(bf16, cl_u16, float, cl_bf16_to_f32, cl_f32_to_bf16, cl_combinef)
 
 // float32 <-> float16 / bfloat16 (round to nearest even down, exact up).
-extern "C" __global__ void cl_cast_f32_f16(cl_u16 *out, const float *in, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        out[i] = cl_f32_to_f16(in[i]);
-}
-extern "C" __global__ void cl_cast_f32_bf16(cl_u16 *out, const float *in, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        out[i] = cl_f32_to_bf16(in[i]);
-}
-extern "C" __global__ void cl_cast_f16_f32(float *out, const cl_u16 *in, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        out[i] = cl_f16_to_f32(in[i]);
-}
-extern "C" __global__ void cl_cast_bf16_f32(float *out, const cl_u16 *in, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        out[i] = cl_bf16_to_f32(in[i]);
-}
+#define CL_DEFINE_CAST(name, To, From, conv)                                                     \
+    extern "C" __global__ void cl_cast_##name(To *out, const From *in, size_t n) {             \
+        for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;                   \
+             i += (size_t)gridDim.x * blockDim.x)                                               \
+            out[i] = conv(in[i]);                                                               \
+    }
+CL_DEFINE_CAST(f32_f16, cl_u16, float, cl_f32_to_f16)
+CL_DEFINE_CAST(f32_bf16, cl_u16, float, cl_f32_to_bf16)
+CL_DEFINE_CAST(f16_f32, float, cl_u16, cl_f16_to_f32)
+CL_DEFINE_CAST(bf16_f32, float, cl_u16, cl_bf16_to_f32)

@@ -32,7 +32,7 @@ from ..topology.host import host_hash, host_id
 from .model import Curve, LinkCost, Table
 
 __all__ = ["FORMAT", "default_path", "tuning_path", "load", "entry_key", "save_entry", "table_for",
-           "link_from_json", "fit_alpha_beta"]
+           "link_to_json", "link_from_json", "fit_alpha_beta"]
 
 FORMAT = "commlib-tuning/1"
 
@@ -88,7 +88,7 @@ def save_entry(path: str | os.PathLike, key: str, links: dict[str, LinkCost],
 
     doc["commlib"] = __version__
     doc["groups"][key] = {
-        "links": {k: _link_json(v) for k, v in links.items()},
+        "links": {k: link_to_json(v) for k, v in links.items()},
         "curves": {c: {a: {str(n): t for n, t in sorted(pts.items())} for a, pts in algos.items()}
                    for c, algos in curves.items()},
         "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -99,7 +99,7 @@ def save_entry(path: str | os.PathLike, key: str, links: dict[str, LinkCost],
     tmp.replace(p)
 
 
-def _link_json(link: LinkCost) -> dict:
+def link_to_json(link: LinkCost) -> dict:
     out = {"alpha": link.alpha, "beta": link.beta, "gamma": link.gamma}
     if link.curve is not None:
         out["steps"] = link.curve.to_json()
@@ -108,7 +108,7 @@ def _link_json(link: LinkCost) -> dict:
 
 def link_from_json(entry: dict) -> LinkCost:
     steps = entry.get("steps")
-    curve = Curve({int(n): t for n, t in steps.items()}) if steps and len(steps) >= 2 else None
+    curve = Curve.from_json(steps) if steps and len(steps) >= 2 else None
     return LinkCost(entry["alpha"], entry["beta"], entry.get("gamma", 0.0), curve)
 
 
@@ -138,8 +138,7 @@ def table_for(doc: dict | None, backend: str, size: int, hosts: int = 1,
     curves: dict[str, dict[str, Curve]] = {}
     if nearest == size:
         for c, algos in entry.get("curves", {}).items():
-            curves[c] = {a: Curve({int(n): t for n, t in pts.items()})
-                         for a, pts in algos.items() if len(pts) >= 2}
+            curves[c] = {a: Curve.from_json(pts) for a, pts in algos.items() if len(pts) >= 2}
     return Table(link_from_json(link), curves)
 
 

@@ -130,6 +130,10 @@ class Curve:
     def to_json(self) -> dict[str, float]:
         return {str(s): t for s, t in zip(self.sizes, self.times)}
 
+    @classmethod
+    def from_json(cls, points: dict[str, float]) -> "Curve":
+        return cls({int(n): t for n, t in points.items()})
+
 
 class Prediction(NamedTuple):
     algorithm: str

@@ -25,7 +25,7 @@ import torch
 from ..algorithms import algorithm_names
 from ..errors import CommConfigError
 from ..algorithms.hierarchical import host_layout
-from .calibration import entry_key, link_from_json, load, table_for
+from .calibration import entry_key, link_from_json, link_to_json, load, table_for
 from .model import DEFAULT_LINKS, SHM_ALGORITHMS, Curve, LinkCost, Prediction, Table, predict
 
 __all__ = ["GroupModel", "setup", "eligible", "predictions", "Explanation", "explain_group"]
@@ -66,12 +66,7 @@ def _probe() -> dict:
 
 def _table_json(table: Table) -> dict:
     def link(c: LinkCost | None):
-        if c is None:
-            return None
-        out = {"alpha": c.alpha, "beta": c.beta, "gamma": c.gamma}
-        if c.curve is not None:
-            out["steps"] = c.curve.to_json()
-        return out
+        return None if c is None else link_to_json(c)
 
     return {"link": link(table.link), "inter": link(table.inter), "shard_inter": link(table.shard_inter),
             "shm": link(table.shm), "local": table.local, "base": table.base,
@@ -80,14 +75,9 @@ def _table_json(table: Table) -> dict:
 
 def _table_from_json(doc: dict) -> Table:
     def link(d):
-        if d is None:
-            return None
-        steps = d.get("steps")
-        curve = Curve({int(n): t for n, t in steps.items()}) if steps else None
-        return LinkCost(d["alpha"], d["beta"], d["gamma"], curve)
+        return None if d is None else link_from_json(d)
 
-    curves = {c: {a: Curve({int(n): t for n, t in pts.items()}) for a, pts in algos.items()}
-              for c, algos in doc["curves"].items()}
+    curves = {c: {a: Curve.from_json(pts) for a, pts in algos.items()} for c, algos in doc["curves"].items()}
     return Table(link(doc["link"]), curves, doc["local"], link(doc["inter"]), doc["base"],
                  link(doc["shard_inter"]), link(doc["shm"]))
 
