@@ -12,6 +12,7 @@ import os
 import pathlib
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +38,25 @@ def base_env(**extra) -> dict:
                XDG_CACHE_HOME=os.path.join(tempfile.gettempdir(), "commlib-tests-cache"))
     env.update({k: str(v) for k, v in extra.items()})
     return env
+
+
+# Variables of launchers that would make commlib.init() pick another backend than torchrun's.
+_LAUNCHER_VARS = ("PMI_", "PMIX_", "OMPI_", "MPI_LOCALRANKID", "MV2_", "HYDRA_",
+                  "TORCHELASTIC_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_")
+
+
+def torchrun_env(n: int, **extra) -> list[dict]:
+    """The environment of each of ``n`` ranks started the way torchrun starts them (RANK,
+    LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and a free MASTER_PORT on 127.0.0.1), in rank order."""
+    env = base_env(**extra)
+    for key in [k for k in env if k.startswith(_LAUNCHER_VARS)]:
+        del env[key]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(n),
+               GLOO_SOCKET_IFNAME="lo", PYTHONWARNINGS="ignore")
+    return [{**env, "RANK": str(r), "LOCAL_RANK": str(r)} for r in range(n)]
 
 
 def run_cmd(cmd, timeout: float = 180, env: dict | None = None, check: bool = True):

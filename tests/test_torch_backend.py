@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ import time
 import pytest
 import torch
 
-from conftest import ROOT, base_env
+from conftest import ROOT, torchrun_env
 
 CASES = ROOT / "tests" / "torch_dist" / "cases.py"
 
@@ -31,32 +30,14 @@ API_CASES = [
     "case_mesh", "case_emulated_reductions", "case_internal_channel",
 ]
 
-# Variables of other launchers that would make commlib.init() pick another backend.
-_LAUNCHER_VARS = ("PMI_", "PMIX_", "OMPI_", "MPI_LOCALRANKID", "MV2_", "HYDRA_",
-                  "TORCHELASTIC_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_torch(n: int, cases: list[str], timeout: float | None = None, **extra_env):
     """Run ``cases`` on ``n`` torchrun-like ranks; return rank 0's stdout. The hard timeout
     (default 90 s + 40 s per rank) leaves room for a loaded 2-core machine."""
     timeout = timeout or 90 + 40 * n
-    env = base_env(**extra_env)
-    for key in [k for k in env if k.startswith(_LAUNCHER_VARS)]:
-        del env[key]
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(n),
-               GLOO_SOCKET_IFNAME="lo", PYTHONWARNINGS="ignore")
-    procs = []
-    for rank in range(n):
-        procs.append(subprocess.Popen(
-            [sys.executable, str(CASES), *cases], cwd=ROOT, text=True, start_new_session=True,
-            env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    procs = [subprocess.Popen([sys.executable, str(CASES), *cases], cwd=ROOT, text=True,
+                              start_new_session=True, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
+             for env in torchrun_env(n, **extra_env)]
     deadline = time.monotonic() + timeout
     failed = None
     try:

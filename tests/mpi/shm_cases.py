@@ -5,13 +5,10 @@ Every case checks against references computed here from every rank's input (each
 all inputs from (rank, seed)), and that all ranks hold bitwise identical results (gathered
 through mpi4py, not commlib).
 
-``python shm_cases.py die`` is the crash scenario instead: the last rank is killed in the middle
-of a multi-chunk all-reduce; the others must raise CommBackendError, quickly.
+The crash scenario (a rank killed mid-collective) is tests/torch_dist/shm_die.py.
 """
 
 import os
-import signal
-import sys
 import time
 
 import torch
@@ -179,12 +176,6 @@ def case_two_groups():
             assert torch.equal(c, torch.full((10,), float(half.ranks[-1])))
 
 
-def say(line):
-    # to a file: hydra stops forwarding the job's output once one of its ranks was killed
-    with open(os.environ["SHM_DIE_REPORT"], "a") as f:
-        f.write(line + "\n")
-
-
 def case_cuda_ipc_runtime_without_gpu():
     """The cuda_ipc runtime is collective: every rank constructs it over the world's engine. Its
     exchange returns every rank's record in rank order; without CUDA every rank reaches the same
@@ -216,42 +207,5 @@ def case_cuda_ipc_runtime_without_gpu():
     rt.close()
 
 
-def die():
-    """The last rank starts a multi-chunk all-reduce and is killed inside it."""
-    commlib.init()
-    r, n = commlib.get_rank(), commlib.get_world_size()
-    t = torch.ones(200_000)
-    commlib.all_reduce(t)  # everyone is in step and the segment works
-    if r == n - 1:
-        t = torch.ones(200_000)
-        commlib.all_reduce(t, async_op=True)  # posts its first chunk, then dies
-        os.kill(os.getpid(), signal.SIGKILL)
-    start = time.monotonic()
-    try:
-        commlib.all_reduce(torch.ones(200_000))
-    except commlib.CommBackendError as exc:
-        took = time.monotonic() - start
-        text = str(exc)
-        assert f"rank {n - 1} of group 'world'" in text and "exited" in text and "Fix:" in text, text
-        say(f"rank {r} caught CommBackendError after {took:.2f} s: {text}")
-        # the group is unusable from now on, with the same error, at once
-        try:
-            commlib.all_reduce(torch.ones(4))
-        except commlib.CommBackendError:
-            say(f"rank {r} unusable afterwards")
-    # Stay until every survivor has reported: a survivor that exits early is itself a dead peer,
-    # and one still waiting could name it instead of the killed rank.
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        with open(os.environ["SHM_DIE_REPORT"]) as f:
-            if f.read().count("unusable afterwards") >= n - 1:
-                break
-        time.sleep(0.05)
-    os._exit(0)  # no MPI_Finalize: a peer is gone
-
-
 if __name__ == "__main__":
-    if sys.argv[1:] == ["die"]:
-        die()
-    else:
-        main(globals())
+    main(globals())

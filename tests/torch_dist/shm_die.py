@@ -1,0 +1,62 @@
+"""A rank killed in the middle of a shared-memory collective (run by tests/test_shm.py).
+
+Ranks are started by the test itself with torchrun's variables, not by mpiexec: hydra answers a
+rank killed by a signal by killing the others too, in some runs, even with -disable-auto-cleanup
+(seen on a loaded machine), which would hide what the survivors do. The last rank starts a
+multi-chunk all-reduce and SIGKILLs itself inside it; the others must raise CommBackendError
+naming it, within seconds, and every later call on the group must raise the same at once. Each
+survivor writes what happened to the file SHM_DIE_REPORT.
+"""
+
+import os
+import signal
+import time
+
+import torch
+
+import commlib
+
+
+def say(line: str) -> None:
+    with open(os.environ["SHM_DIE_REPORT"], "a") as f:
+        f.write(line + "\n")
+
+
+def main() -> None:
+    commlib.init()
+    r, n = commlib.get_rank(), commlib.get_world_size()
+    assert commlib.get_world_group().shm is not None, "the test needs a shared-memory segment"
+    t = torch.ones(200_000)
+    commlib.all_reduce(t)  # everyone is in step and the segment works
+    if r == n - 1:
+        commlib.all_reduce(torch.ones(200_000), async_op=True)  # posts its first chunk, then dies
+        os.kill(os.getpid(), signal.SIGKILL)
+    start = time.monotonic()
+    try:
+        commlib.all_reduce(torch.ones(200_000))
+        say(f"rank {r} completed the all-reduce without its peer")
+    except commlib.CommBackendError as exc:
+        took = time.monotonic() - start
+        say(f"rank {r} caught CommBackendError after {took:.2f} s: {exc}")
+        try:  # the group is unusable from now on, with the same error, at once
+            commlib.all_reduce(torch.ones(4))
+            say(f"rank {r} ran another all-reduce on the broken group")
+        except commlib.CommBackendError:
+            say(f"rank {r} unusable afterwards")
+        except BaseException as again:
+            say(f"rank {r} raised {again!r} afterwards")
+    except BaseException as exc:
+        say(f"rank {r} raised {exc!r}")
+    # Stay until every survivor has reported: a survivor that exits early is itself a dead peer,
+    # and one still waiting could name it instead of the killed rank.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with open(os.environ["SHM_DIE_REPORT"]) as f:
+            if f.read().count(" afterwards") >= n - 1:
+                break
+        time.sleep(0.05)
+    os._exit(0)  # no clean shutdown: a peer is gone
+
+
+if __name__ == "__main__":
+    main()
