@@ -30,7 +30,7 @@ from ..errors import CommBackendError, CommStateError
 from ..ops import ReduceOp
 
 __all__ = ["available", "why_unavailable", "attach", "KIND", "DTYPE_CODES", "OP_CODES",
-           "run_op", "check_usable", "default_spin"]
+           "run_op", "check_usable", "wait_policy"]
 
 log = logging.getLogger("commlib")
 
@@ -67,20 +67,25 @@ def why_unavailable() -> str | None:
     return _WHY
 
 
-def default_spin(size: int) -> int:
-    """Polls before a waiting rank starts yielding its core. When ranks outnumber cores, a
-    spinning rank only delays the peer it waits for: yield almost at once."""
-    forced = config.get("shm_spin")
-    if forced is not None:
-        return forced
+def wait_policy(size: int) -> tuple[int, bool]:
+    """How a rank of a ``size``-rank group waits for its peers: the polls it spins before giving
+    its core away, and whether it then sleeps on the peer's flag (futex) or yields
+    (``sched_yield``).
+
+    With a core per rank: spin 2000 polls (~50 us here; 20000 burnt 0.5 ms on every step whenever
+    another job pushed the peer onto the same core, 200 was slower from 16 B to 1 MiB), then sleep,
+    which leaves the core to whoever has work. When ranks outnumber cores a spinning rank only
+    delays the peer it waits for: spin 50 polls, then yield. Measured at 4 ranks on 2 cores
+    (docs/shm.md, "Waiting"): yielding took 7.5 us per 8-byte all-reduce against 34 us for sleeping
+    (a futex wake-up per step) and 20 us for MPI's Allreduce, and was as fast or faster up to 16 MiB.
+    ``COMMLIB_SHM_SPIN`` overrides the spin count."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
-    # 2000 polls of `pause` take ~50 us here; 20000 took 0.5 ms, which a rank burnt on every
-    # step whenever another job pushed its peer onto the same core (measured: 0.5-0.7 ms outliers
-    # at 2 ranks; 2000 was as fast as 20000 at 16 B to 1 MiB, 200 was slower; docs/shm.md)
-    return 2000 if size <= cores else 50
+    spin, sleep = (2000, True) if size <= cores else (50, False)
+    forced = config.get("shm_spin")
+    return (spin if forced is None else forced), sleep
 
 
 def _all_gather_ints(backend, values: list[int]) -> list[list[int]]:
@@ -115,7 +120,7 @@ def attach(group):
             log.info("group %s: no shared memory: %s", group.name, _WHY)
         return None
     slot = config.get("shm_slot_bytes")
-    spin = default_spin(group.size)
+    spin, sleep = wait_policy(group.size)
     # Rank 0 names and creates the segment; the name travels as 64 bytes through the engine.
     name_buf = torch.zeros(64, dtype=torch.uint8)
     seg, error = None, ""
@@ -143,8 +148,9 @@ def attach(group):
         log.warning("group %s: no shared-memory segment (%s); collectives use the %s engine",
                     group.name, error or "another rank could not map it", backend.name)
         return None
-    log.info("group %s: shared-memory segment of %d bytes (%d ranks x 2 x %d), spin %d",
-             group.name, seg.nbytes, group.size, slot, spin)
+    seg.sleep = sleep
+    log.info("group %s: shared-memory segment of %d bytes (%d ranks x 2 x %d), spin %d, then %s",
+             group.name, seg.nbytes, group.size, slot, spin, "sleep" if sleep else "yield")
     return seg
 
 

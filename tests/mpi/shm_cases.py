@@ -17,6 +17,7 @@ from algorithms import reference  # float64 / int64 reduction in rank order, rou
 from mpi4py import MPI
 
 import commlib
+from commlib.backends.shm import wait_policy
 
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 INTS = [torch.int8, torch.uint8, torch.int32, torch.int64]
@@ -67,8 +68,8 @@ def case_segment():
     assert not [f for f in os.listdir("/dev/shm") if f.startswith("commlib-")], os.listdir("/dev/shm")
     # both ways of waiting once spinning stops (spin 0: every wait sleeps / yields at once), with
     # ranks arriving late by turns so that waits really happen
-    assert g.shm.sleep is True  # futex by default
-    spin = g.shm.spin
+    spin, sleep0 = g.shm.spin, g.shm.sleep
+    assert (spin, sleep0) == wait_policy(n)  # futex with a core per rank, else sched_yield
     for sleep in (True, False):
         g.shm.sleep, g.shm.spin = sleep, 0
         for i in range(40):
@@ -77,7 +78,7 @@ def case_segment():
             t = torch.full((3000,), float(g.rank + i))
             commlib.all_reduce(t, algorithm="shm_oneshot" if i % 2 else "shm_twoshot")
             assert torch.equal(t, torch.full((3000,), float(n * (n - 1) // 2 + n * i))), (sleep, i)
-    g.shm.sleep, g.shm.spin = True, spin
+    g.shm.sleep, g.shm.spin = sleep0, spin
 
 
 def case_all_reduce():
