@@ -7,6 +7,9 @@ reads that the plan still describes the tensor (same object, same memory, same s
 contiguous) and run it. Measured on this machine kind, the full path costs ~3 µs of Python per
 call and the planned one ~1 µs, against a 1.4 µs engine call at 8 B.
 
+``reduce_scatter_tensor`` and ``all_gather_into_tensor`` have the same path, keyed by their
+(output, input) pair (:func:`remember_pair`, :func:`planned_pair`).
+
 Plans hold the tensor only weakly and the engine's view of its memory without an owner, so a
 plan never keeps memory alive; a dead or replaced tensor simply misses. ``commlib.finalize()``
 clears the cache.
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import weakref
 
-__all__ = ["PLANS", "remember", "clear"]
+__all__ = ["PLANS", "PAIRS", "remember", "remember_pair", "planned_pair", "clear"]
 
 # id(tensor) -> (weakref, op, group argument, algorithm argument, data_ptr, numel, Group, post)
 PLANS: dict[int, tuple] = {}
@@ -30,5 +33,33 @@ def remember(tensor, op, group_arg, algorithm, group, post) -> None:
                          tensor.numel(), group, post)
 
 
+# (name, id(output), id(input)) -> (output ref, input ref, op, group argument, algorithm argument,
+#                                   output data_ptr, input data_ptr, output numel, input numel,
+#                                   Group, post)
+PAIRS: dict[tuple, tuple] = {}
+
+
+def remember_pair(name: str, out, inp, op, group_arg, algorithm, group, post) -> None:
+    if len(PAIRS) >= _LIMIT:
+        PAIRS.clear()
+    PAIRS[(name, id(out), id(inp))] = (weakref.ref(out), weakref.ref(inp), op, group_arg,
+                                       algorithm, out.data_ptr(), inp.data_ptr(), out.numel(),
+                                       inp.numel(), group, post)
+
+
+def planned_pair(name: str, out, inp, op, group_arg, algorithm):
+    """(Group, post) of the plan stored for this exact call, or None."""
+    plan = PAIRS.get((name, id(out), id(inp)))
+    if plan is None:
+        return None
+    ro, ri, pop, pgroup, palgo, pout, pinp, nout, ninp, group, post = plan
+    if ro() is out and ri() is inp and pop is op and pgroup is group_arg and palgo is algorithm \
+            and out.data_ptr() == pout and inp.data_ptr() == pinp and out.numel() == nout \
+            and inp.numel() == ninp and out.is_contiguous() and inp.is_contiguous():
+        return group, post
+    return None
+
+
 def clear() -> None:
     PLANS.clear()
+    PAIRS.clear()

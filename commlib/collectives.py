@@ -23,7 +23,7 @@ import torch
 
 from . import debug as _debug
 from ._plans import PLANS as _PLANS
-from ._plans import remember
+from ._plans import planned_pair, remember, remember_pair
 from ._progress import _ABANDONED, Work, completed_work, drive, start, unusable
 from ._tensors import as_tensor, overlaps, work_view
 from .algorithms import Ctx
@@ -179,26 +179,46 @@ def _reduce_in_place(group, algo, t, op, root, blocking):
     return gen, finish, (t, buf)
 
 
-def _run_plan(g: Group, post, tensor) -> None:
-    """Run a planned all-reduce: the engine's blocking call under the watchdog, or its
-    non-blocking call through the poll loop (``COMMLIB_TIMEOUT_MODE=raise``)."""
+def _run_plan(g: Group, post, tensor, what: str = "all_reduce") -> None:
+    """Run a planned call (commlib/_plans.py): the engine's blocking call under the watchdog, or
+    its non-blocking call through the poll loop (``COMMLIB_TIMEOUT_MODE=raise``)."""
     if g.broken is not None:
-        unusable(g, "all_reduce")
+        unusable(g, what)
     if not g.blocking:
         try:
-            return drive(None, [post()], g, "all_reduce", g.seq, g.timeout)
+            return drive(None, [post()], g, what, g.seq, g.timeout)
         except BaseException:
             # Timed out: the engine may still write into the tensor (the plan's view of its
             # memory does not own it), so it must outlive the request.
             _ABANDONED.append(tensor)
             raise
     backend = g.backend
-    backend.inflight = "all_reduce"  # what the watchdog sees (commlib/_watchdog.py)
+    backend.inflight = what  # what the watchdog sees (commlib/_watchdog.py)
     try:
         post()
     finally:
         backend.inflight = None
     return None
+
+
+def _plan_pair(fn: str, g: Group, algo, out, inp, output, input, rop, op, group, algorithm,
+               async_op: bool):
+    """Store and run a plan for a blocking ``reduce_scatter_tensor``/``all_gather_into_tensor``
+    (``rop`` None) whose algorithm has one, on plain contiguous non-overlapping torch tensors the
+    algorithm moves or reduces itself; else None (the general path runs)."""
+    prepare = getattr(algo, "prepare", None)
+    if prepare is None or async_op or g.debug or out is not output or inp is not input \
+            or rop is ReduceOp.AVG or not (out.is_contiguous() and inp.is_contiguous()) \
+            or overlaps(inp.reshape(-1), out.reshape(-1)):
+        return None
+    if rop is not None and not (out.dtype in g.backend.native_reduce_dtypes
+                                or (out.dtype is not torch.bool and _natively(algo, g, out))):
+        return None
+    post = prepare(g.backend, out, inp, rop, g.blocking)
+    if post is None:
+        return None
+    remember_pair(fn, output, input, op, group, algorithm, g, post)
+    return post
 
 
 def all_reduce(tensor, op=ReduceOp.SUM, group: Group | None = None, async_op: bool = False, *,
@@ -233,7 +253,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group: Group | None = None, async_op: bo
             and rop is not ReduceOp.AVG and t.is_contiguous() \
             and (t.dtype in g.backend.native_reduce_dtypes
                  or (t.dtype is not torch.bool and _natively(algo, g, t))):
-        post = prepare(g.backend, t, rop, g.blocking)
+        post = prepare(g.backend, t, t, rop, g.blocking)
         if post is not None:
             remember(tensor, op, group, algorithm, g, post)
             return _run_plan(g, post, tensor)
@@ -306,6 +326,11 @@ def all_gather_into_tensor(output_tensor, input_tensor, group: Group | None = No
     ``output_tensor`` (in-place all-gather).
     """
     fn = "all_gather_into_tensor"
+    if not async_op:
+        hit = planned_pair(fn, output_tensor, input_tensor, None, group, algorithm)
+        if hit is not None:  # a repeated call: see commlib/_plans.py
+            hit[0].seq += 1
+            return _run_plan(hit[0], hit[1], (output_tensor, input_tensor), fn)
     g = resolve_group(group, fn)
     try:
         out = as_tensor(output_tensor, fn, "output_tensor", writable=True)
@@ -325,6 +350,10 @@ def all_gather_into_tensor(output_tensor, input_tensor, group: Group | None = No
     g.seq += 1
     if out.numel() == 0:
         return completed_work() if async_op else None
+    post = _plan_pair(fn, g, algo, out, inp, output_tensor, input_tensor, None, None, group,
+                      algorithm, async_op)
+    if post is not None:
+        return _run_plan(g, post, (out, inp), fn)
     out_buf, copied = work_view(out, fn, "output_tensor")
     inp_flat = _prepare_gather_input(inp, out)
     gen = algo(_ctx(g, None, g.blocking and not async_op), out_buf, inp_flat)
@@ -412,6 +441,11 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group: Group | None = 
     """Reduce ``input`` (group size blocks of ``output.numel()`` elements) across the group; rank i
     gets block i, reduced, in ``output``."""
     fn = "reduce_scatter_tensor"
+    if not async_op:
+        hit = planned_pair(fn, output, input, op, group, algorithm)
+        if hit is not None:  # a repeated call: see commlib/_plans.py
+            hit[0].seq += 1
+            return _run_plan(hit[0], hit[1], (output, input), fn)
     g = resolve_group(group, fn)
     try:
         out = as_tensor(output, fn, "output", writable=True)
@@ -432,6 +466,9 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group: Group | None = 
     g.seq += 1
     if out.numel() == 0:
         return completed_work() if async_op else None
+    post = _plan_pair(fn, g, algo, out, inp, output, input, rop, op, group, algorithm, async_op)
+    if post is not None:
+        return _run_plan(g, post, (out, inp), fn)
     return start(*_reduce_scatter(g, algo, out, inp, rop, g.blocking and not async_op), g, fn, g.seq, async_op)
 
 

@@ -12,9 +12,10 @@ def all_reduce(ctx, buf):
     return [ctx.backend.all_reduce(buf, ctx.op, ctx.blocking)]
 
 
-def _prepare_all_reduce(backend, buf, op, blocking):
-    """A pre-bound engine call for repeated all-reduces of ``buf`` (see commlib/_plans.py)."""
-    return backend.prepare_all_reduce(buf, op, blocking)
+def _prepare_all_reduce(backend, out, inp, op, blocking):
+    """A pre-bound engine call for repeated all-reduces of ``out`` (``inp`` is ``out``: in place;
+    see commlib/_plans.py)."""
+    return backend.prepare_all_reduce(out, op, blocking)
 
 
 all_reduce.prepare = _prepare_all_reduce

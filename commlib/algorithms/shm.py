@@ -61,20 +61,27 @@ def reduces_natively(backend, t) -> bool:
     return getattr(backend, "shm", None) is not None and not t.is_cuda
 
 
+def _prepare(kind: str):
+    """``prepare(backend, out, inp, op, blocking)``: a pre-bound C call for repeated blocking calls
+    on the same buffers (commlib/_plans.py), or None. It holds the buffers' addresses, never the
+    tensors. ``op`` is None for all_gather (bytes are moved, any dtype)."""
+    def prepare(backend, out, inp, op, blocking):
+        seg = getattr(backend, "shm", None)
+        if not blocking or seg is None or seg.closed or out.is_cuda:
+            return None
+        if kind == "all_gather":
+            src, dst = _bytes(inp), _bytes(out)
+            return seg.op(KIND[kind], src.data_ptr(), dst.data_ptr(), src.numel(), _U8, _SUM, 0, 0)
+        return seg.op(KIND[kind], inp.data_ptr(), out.data_ptr(), out.numel(),
+                      DTYPE_CODES[out.dtype], OP_CODES[op], 0, 0)
+    return prepare
+
+
 def _all_reduce(kind: str):
     def algorithm(ctx, buf):
         return _reduction(ctx, kind, buf, buf, buf.numel(), "all_reduce")
 
-    def prepare(backend, buf, op, blocking):
-        """A pre-bound C call for repeated blocking all-reduces of ``buf`` (commlib/_plans.py).
-        It holds the buffer's address, never the tensor."""
-        seg = getattr(backend, "shm", None)
-        if not blocking or seg is None or seg.closed or buf.is_cuda:
-            return None
-        return seg.op(KIND[kind], buf.data_ptr(), buf.data_ptr(), buf.numel(),
-                      DTYPE_CODES[buf.dtype], OP_CODES[op], 0, 0)
-
-    algorithm.prepare = prepare
+    algorithm.prepare = _prepare(kind)
     algorithm.reduces_natively = reduces_natively
     algorithm.__name__ = algorithm.__qualname__ = f"all_reduce_{kind}"
     return algorithm
@@ -90,6 +97,7 @@ def reduce_scatter(ctx, out, inp):
 
 
 reduce_scatter.reduces_natively = reduces_natively
+reduce_scatter.prepare = _prepare("reduce_scatter")
 
 
 def _bytes(t):
@@ -104,6 +112,9 @@ def all_gather(ctx, out, inp):
     src, dst = _bytes(inp), _bytes(out)
     handle = seg.op(KIND["all_gather"], src.data_ptr(), dst.data_ptr(), src.numel(), _U8, _SUM, 0, 0)
     return run_op(ctx, seg, handle, "all_gather_into_tensor")
+
+
+all_gather.prepare = _prepare("all_gather")
 
 
 @register_algorithm("shm", "broadcast")

@@ -678,6 +678,41 @@ def case_repeated_calls():
         check(u, torch.full((4,), float(n)), "repeated strided")
 
 
+def case_repeated_reduce_scatter_and_all_gather():
+    """The same (output, input) pair again and again (the planned path where the algorithm has
+    one), then changed memory, size, op and dtype on the same objects, and in-place all-gather."""
+    r, n = world()
+    out, inp = torch.empty(3), torch.empty(3 * n)
+    for k in range(3):
+        inp.copy_(torch.arange(3 * n, dtype=torch.float32) + r + k)
+        commlib.reduce_scatter_tensor(out, inp)
+        want = n * (torch.arange(3 * r, 3 * r + 3, dtype=torch.float32) + k) + n * (n - 1) / 2
+        check(out, want, "repeated reduce_scatter_tensor", k)
+    commlib.reduce_scatter_tensor(out, inp, op=MAX)
+    check(out, torch.arange(3 * r, 3 * r + 3, dtype=torch.float32) + 2 + n - 1, "then MAX")
+    inp.set_(torch.ones(5 * n))
+    out.set_(torch.empty(5))  # same objects, new memory and size
+    commlib.reduce_scatter_tensor(out, inp)
+    check(out, torch.full((5,), float(n)), "reduce_scatter_tensor after set_")
+    half_out, half_in = torch.empty(2, dtype=torch.bfloat16), torch.full((2 * n,), 1.5,
+                                                                         dtype=torch.bfloat16)
+    for k in range(2):
+        commlib.reduce_scatter_tensor(half_out, half_in)
+        check(half_out, torch.full((2,), 1.5 * n, dtype=torch.bfloat16), "bfloat16", k)
+    gout, gin = torch.empty(n, 4), torch.empty(4)
+    for k in range(3):
+        gin.fill_(float(10 * r + k))
+        commlib.all_gather_into_tensor(gout, gin)
+        check(gout, (10 * torch.arange(n, dtype=torch.float32) + k).unsqueeze(1).expand(n, 4),
+              "repeated all_gather_into_tensor", k)
+    for k in range(2):  # in place: the input is this rank's row of the output
+        gout.zero_()
+        gout[r].fill_(float(r + k))
+        commlib.all_gather_into_tensor(gout, gout[r])
+        check(gout, (torch.arange(n, dtype=torch.float32) + k).unsqueeze(1).expand(n, 4),
+              "repeated in-place all_gather_into_tensor", k)
+
+
 # ----- init and finalize -------------------------------------------------------------------
 def case_init_and_finalize():
     r, n = world()
