@@ -16,6 +16,7 @@ import torch
 
 from commlib.nn._blocks import BLOCK_OPS, block_ops, merge_
 from commlib.nn._plan import plan_ring
+from commlib.nn._ring import _bounds, _row_pieces
 
 CASES = ["case_errors", "case_float64", "case_low_precision", "case_module", "case_ring_matrix",
          "case_ring_odd_lengths", "case_shard_roundtrip", "case_ulysses"]
@@ -53,6 +54,39 @@ def test_zigzag_plan_balanced_and_exact(n):
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.parametrize("finish_after", [0, 1, 3, 100])
+def test_pieces_split_while_the_transfer_runs(finish_after):
+    """Query rows are cut into equal pieces while the step's transfer is in flight (poll points
+    between kernel calls), and the rest is one piece once it is done; the pieces tile the range,
+    and a causal diagonal call's pieces tile its lower triangle exactly once."""
+    polls = iter(range(10 ** 6))
+    state = {"done": finish_after == 0}
+
+    def done():
+        return state["done"]
+
+    got = []
+    for a, b in _bounds(100, 2148, 8, done):
+        got.append((a, b))
+        state["done"] = next(polls) + 1 >= finish_after
+    assert got[0][0] == 100 and got[-1][1] == 2148
+    assert all(x[1] == y[0] and x[0] < x[1] for x, y in zip(got, got[1:]))
+    assert len(got) == (1 if finish_after == 0 else min(finish_after + 1, 8))
+    if 0 < finish_after < 7:
+        assert all(b - a == 256 for a, b in got[:-1]) and got[-1][1] - got[-1][0] > 256
+
+    call = plan_ring(0, 2, True, "zigzag").steps[0].calls[0]
+    c = 16
+    state["done"] = False
+    polls = iter(range(10 ** 6))
+    seen = torch.zeros(call.q1 * c, call.k1 * c, dtype=torch.int64)
+    for _, rows, cols, causal in _row_pieces(call, c, 4, done):
+        block = torch.ones(rows.stop - rows.start, cols.stop - cols.start, dtype=torch.int64)
+        seen[rows, cols] += block.tril() if causal else block
+        state["done"] = next(polls) >= 1
+    assert torch.equal(seen, torch.ones_like(seen).tril())
+
+
 def test_plan_is_printable():
     text = str(plan_ring(1, 3, True, "zigzag"))
     assert "step 0: block of rank 1: q[0:2]xk[0:2] causal" in text

@@ -87,25 +87,29 @@ def _wait(works: list, posted: float, computed: float) -> None:
         STATS["trace"].append((posted, computed, done))
 
 
-def _poller(works: list) -> Callable[[], None]:
+def _poller(works: list) -> Callable[[], bool]:
     """What the compute calls between sub-blocks: test the step's requests, which lets the engine
-    progress them (a test of a finished request is a flag check)."""
-    def poll():
-        STATS["polls"] += 1
-        for w in works:
-            w.is_completed()
+    progress them (a test of a finished request is a flag check). Returns whether all are done:
+    from then on the compute needs no more poll points and may work in larger pieces."""
+    pending = list(works)
+
+    def poll() -> bool:
+        if pending:
+            STATS["polls"] += 1
+            pending[:] = [w for w in pending if not w.is_completed()]
+        return not pending
     return poll
 
 
-def _no_poll() -> None:
-    pass
+def _no_poll() -> bool:
+    return True
 
 
 def ring_loop(plan: RingPlan, group, moving: Sequence[torch.Tensor], compute: Callable,
               carry: Callable | None = None):
     """Pass ``moving`` (this rank's blocks) around the ring; at each step call
     ``compute(step, current_blocks, poll)`` (``poll()`` between sub-blocks progresses the
-    step's transfers).
+    step's transfers and returns True once they are complete).
 
     Without ``carry``: returns None. With ``carry``: ``compute`` returns this rank's contribution
     to the current block's accumulators (or None); ``carry(contribution, incoming)`` adds it to the
@@ -192,16 +196,26 @@ def head_groups(h: int, hk: int, chunks: int):
 SUBBLOCKS = 8
 
 
-def _row_pieces(call, c: int, parts: int):
-    """Split a call into ``parts`` pieces of query rows: (first part of its rows, rows, keys,
-    causal), token slices. A causal call is the diagonal block (plan_ring: same chunks for
-    queries and keys), so a piece of rows [a, b) is the keys before it (full) and its own square
-    triangle (causal, top-left aligned as the kernels define it)."""
-    r0, r1, k0, k1 = call.q0 * c, call.q1 * c, call.k0 * c, call.k1 * c
-    n = r1 - r0
+def _bounds(lo: int, hi: int, parts: int, done: Callable[[], bool]):
+    """[a, b) pieces of [lo, hi): ``parts`` equal ones while ``done()`` is false (the step's
+    transfer is still in flight and needs poll points between kernel calls), then the rest in
+    one piece (fewer, larger kernel calls: each call has a fixed cost)."""
+    n = hi - lo
     p = max(1, min(parts, n))
-    for i in range(p):
-        a, b = r0 + n * i // p, r0 + n * (i + 1) // p
+    a, i = lo, 0
+    while a < hi:
+        b = hi if done() else lo + n * (i + 1) // p
+        yield a, b
+        a, i = b, i + 1
+
+
+def _row_pieces(call, c: int, parts: int, done: Callable[[], bool]):
+    """Split a call into pieces of query rows (see :func:`_bounds`): (first part of its rows,
+    rows, keys, causal), token slices. A causal call is the diagonal block (plan_ring: same chunks
+    for queries and keys), so a piece of rows [a, b) is the keys before it (full) and its own
+    square triangle (causal, top-left aligned as the kernels define it)."""
+    r0, r1, k0, k1 = call.q0 * c, call.q1 * c, call.k0 * c, call.k1 * c
+    for a, b in _bounds(r0, r1, parts, done):
         if not call.causal:
             yield True, slice(a, b), slice(k0, k1), False
             continue
@@ -210,13 +224,28 @@ def _row_pieces(call, c: int, parts: int):
         yield a == r0, slice(a, b), slice(k0 + a - r0, k0 + b - r0), True
 
 
-def _col_pieces(call, c: int, parts: int):
-    """Split a non-causal call into ``parts`` pieces of key columns (disjoint dK/dV): (rows, keys)."""
-    k0, k1 = call.k0 * c, call.k1 * c
-    n = k1 - k0
-    p = max(1, min(parts, n))
+def _col_pieces(call, c: int, parts: int, done: Callable[[], bool]):
+    """Split a non-causal call into pieces of key columns (disjoint dK/dV; see :func:`_bounds`):
+    (rows, keys)."""
     rows = slice(call.q0 * c, call.q1 * c)
-    return [(rows, slice(k0 + n * i // p, k0 + n * (i + 1) // p)) for i in range(p)]
+    for a, b in _bounds(call.k0 * c, call.k1 * c, parts, done):
+        yield rows, slice(a, b)
+
+
+class _Progress:
+    """A step's poll function and whether its transfers are done (the last poll's answer)."""
+
+    __slots__ = ("poll_fn", "finished")
+
+    def __init__(self, poll_fn: Callable[[], bool]):
+        self.poll_fn = poll_fn
+        self.finished = poll_fn()  # nothing to poll, or already done: no pieces at all
+
+    def poll(self) -> None:
+        self.finished = self.poll_fn()
+
+    def done(self) -> bool:
+        return self.finished
 
 
 class RingAttention(torch.autograd.Function):
@@ -241,9 +270,10 @@ class RingAttention(torch.autograd.Function):
             def compute(step, cur, poll, qt=qt, out_g=out_g, lse_g=lse_g, subs=subs,
                         pieces=pieces):
                 kt, vt = _bhsd(cur[0]), _bhsd(cur[1])
+                prog = _Progress(poll)
                 for call in step.calls:
                     for sq, sk in subs:
-                        for first, rows, cols, causal in _row_pieces(call, c, pieces):
+                        for first, rows, cols, causal in _row_pieces(call, c, pieces, prog.done):
                             o, lse = ops.forward(qt[:, sq, rows], kt[:, sk, cols],
                                                  vt[:, sk, cols], causal, scale)
                             if step.index == 0 and first:  # step 0 covers every row once
@@ -251,7 +281,7 @@ class RingAttention(torch.autograd.Function):
                                 lse_g[:, sq, rows].copy_(lse)
                             else:
                                 merge_(out_g[:, sq, rows], lse_g[:, sq, rows], o, lse)
-                            poll()
+                            prog.poll()
 
             ring_loop(plan, group, (k[:, :, kh], v[:, :, kh]), compute)
         out = out_acc.to(q.dtype)  # (b, h, s, d) view of (b, s, h, d) memory
@@ -287,20 +317,22 @@ class RingAttention(torch.autograd.Function):
                         block=block):
                 kt, vt = _bhsd(cur[0]), _bhsd(cur[1])
                 parts = []
+                prog = _Progress(poll)
                 for call in step.calls:
                     for sq, sk in subs:
                         if step.index == 0:  # the own block, by rows: dK/dV add up at home
-                            for first, rows, cols, causal in _row_pieces(call, c, pieces):
+                            for first, rows, cols, causal in _row_pieces(call, c, pieces,
+                                                                         prog.done):
                                 dq, dk, dv = block(sq, sk, rows, cols, causal, kt, vt)
                                 (dq_g[:, sq, rows].copy_ if first else dq_g[:, sq, rows].add_)(dq)
                                 carry.own(cols.start, cols.stop, sk, dk, dv)
-                                poll()
+                                prog.poll()
                             continue
-                        for rows, cols in _col_pieces(call, c, pieces):  # disjoint dK/dV parts
+                        for rows, cols in _col_pieces(call, c, pieces, prog.done):  # disjoint dK/dV
                             dq, dk, dv = block(sq, sk, rows, cols, False, kt, vt)
                             dq_g[:, sq, rows].add_(dq)
                             parts.append((cols.start, cols.stop, sk, dk, dv))
-                            poll()
+                            prog.poll()
                 return parts
 
             dk, dv = ring_loop(plan, group, moving, compute, carry)
