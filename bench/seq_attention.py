@@ -52,14 +52,27 @@ from commlib.nn import _ring
 
 torch.set_num_threads(1)
 
-# Freed tensors must go back to the OS for resident-memory peaks to mean anything: a fixed mmap
-# threshold (no dynamic raise) makes every tensor above 64 KiB its own mapping.
+# Two allocator settings (glibc). Timing runs with freed blocks kept for reuse below 32 MiB, as
+# glibc's adaptive default ends up after a few iterations of a training loop. Memory peaks need
+# freed tensors back in the OS: there every tensor above 64 KiB is its own mapping (a fixed mmap
+# threshold, no dynamic raise) and the heap is trimmed first; under that setting every temporary
+# is a fresh mapping, which made the timed runs 10% slower (measured at 4096 tokens, 2 ranks).
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 try:
     _libc = ctypes.CDLL("libc.so.6")
-    _libc.mallopt(-3, 64 << 10)  # M_MMAP_THRESHOLD
-    _libc.mallopt(-1, 128 << 10)  # M_TRIM_THRESHOLD
 except OSError:  # not glibc: peaks are still measured, less tightly
-    pass
+    _libc = None
+
+
+def allocator(tight: bool) -> None:
+    """``tight``: every freed tensor above 64 KiB goes back to the OS (memory peaks); else freed
+    blocks are kept for reuse (timing)."""
+    if _libc is None:
+        return
+    _libc.mallopt(M_MMAP_THRESHOLD, (64 << 10) if tight else (32 << 20))
+    _libc.mallopt(M_TRIM_THRESHOLD, (128 << 10) if tight else (64 << 20))
+    if tight:
+        _libc.malloc_trim(0)
 
 
 def _status(key: str) -> int:
@@ -71,7 +84,8 @@ def _status(key: str) -> int:
 
 
 def peak_of(fn) -> int:
-    """Peak resident bytes added while ``fn`` runs (VmHWM reset through clear_refs)."""
+    """Peak resident bytes added while ``fn`` runs (VmHWM reset through clear_refs); meaningful
+    under ``allocator(True)`` only."""
     base = _status("VmRSS:")
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
@@ -176,20 +190,6 @@ def wait_split() -> tuple[float, float]:
     return max_over_ranks(imbalance), max_over_ranks(transfer)
 
 
-def _bcast_rows(holder: list) -> None:
-    """Rank 0's rows to every rank (the budget search needs the one-process peak)."""
-    import pickle
-
-    blob = pickle.dumps(holder[0]) if commlib.get_rank() == 0 else b""
-    size = torch.tensor([len(blob)])
-    commlib.broadcast(size, 0)
-    buf = torch.zeros(int(size.item()), dtype=torch.uint8)
-    if commlib.get_rank() == 0:
-        buf.copy_(torch.frombuffer(bytearray(blob), dtype=torch.uint8))
-    commlib.broadcast(buf, 0)
-    holder[0] = pickle.loads(bytes(buf.tolist()))
-
-
 def _median(xs) -> float:
     return statistics.median(xs) if xs else 0.0
 
@@ -239,12 +239,38 @@ def main(argv=None) -> int:
         f"{'polling' if args.poll else 'NOT polling'} between sub-blocks")
     out(f"# {'algorithm':>9} {'seq':>7} {'t1(ms)':>9} {'tN(ms)':>9} {'eff':>6} {'effcpu':>6} {'hidden':>7} "
         f"{'comm(ms)':>9} {'exposed':>8} {'imbal':>7} {'mem1(MiB)':>10} {'memN(MiB)':>10} {'memN/mem1':>9} {'err':>9}")
+    eligible = [a for a in args.algorithms
+                if not (a == "ulysses" and (args.heads % n or args.kv_heads % n))]
+    # Pass 1, tight allocator (from the start: never after the timing setting, whose heap of
+    # reusable blocks would be counted again): peaks, and the longest sequence within a budget.
+    allocator(True)
+    mem1, mem_n = {}, {}
+    for s in args.seq:
+        full = inputs(args, s)
+        for algorithm in eligible:
+            local = [F.shard_sequence(t, dim=1, layout=layout_of(algorithm, args)) for t in full]
+            parallel(args, algorithm, local)  # warm-up: the engine's own buffers exist
+            if rank == 0:  # one forward+backward each, rank 0 alone first
+                if s not in mem1:
+                    mem1[s] = peak_of(lambda full=full: one_process(args, full))
+                release()
+            else:
+                sleep_until(0)
+            commlib.barrier()
+            mem_n[s, algorithm] = max_over_ranks(peak_of(lambda a=algorithm, x=local:
+                                                         parallel(args, a, x)))
+    budget_lines = []
+    if args.budget_search:
+        one = torch.tensor([float(mem1.get(min(args.seq), 0))])
+        commlib.broadcast(one, 0)  # rank 0 measured it; the search runs on every rank
+        budget_report(args, one.item() / (1 << 20), n, budget_lines.append)
+    # Pass 2, the timing allocator: times, overlap and the result check.
+    allocator(False)
     rows = []
     for s in args.seq:
         full = inputs(args, s)
-        mem1 = None
         for algorithm in args.algorithms:
-            if algorithm == "ulysses" and (args.heads % n or args.kv_heads % n):
+            if algorithm not in eligible:
                 out(f"  {algorithm:>9} {s:>7}  skipped: heads not divisible by {n}")
                 continue
             layout = layout_of(algorithm, args)
@@ -290,36 +316,25 @@ def main(argv=None) -> int:
                 c = statistics.median(alone)
                 hidden = max(0.0, min(1.0, 1 - _median(exposed) / c)) if c > 0 else 1.0
                 hidden_text = f"{hidden:.0%}" if n > 1 else "-"
-            # memory: one forward+backward each, rank 0 alone first
-            if rank == 0:
-                if mem1 is None:
-                    mem1 = peak_of(lambda full=full: one_process(args, full))
-                release()
-            else:
-                sleep_until(0)
-            commlib.barrier()
-            mem_n = max_over_ranks(peak_of(lambda a=algorithm, x=local: parallel(args, a, x)))
             eff = t1 / (n * tn) if rank == 0 else 0.0
             eff_cpu = _median(c1s) / (n * _median(cns)) if rank == 0 else 0.0
             mib = 1 << 20
             if rank == 0:
+                m1, mn = mem1[s], mem_n[s, algorithm]
                 row = dict(algorithm=algorithm, seq=s, ranks=n, t1_ms=t1 * 1e3, tn_ms=tn * 1e3,
-                           efficiency=eff, efficiency_cpu=eff_cpu, hidden=hidden, mem1_mib=mem1 / mib,
-                           memn_mib=mem_n / mib,
-                           mem_ratio=mem_n / mem1, err=err, comm_ms=statistics.median(alone) * 1e3,
+                           efficiency=eff, efficiency_cpu=eff_cpu, hidden=hidden, mem1_mib=m1 / mib,
+                           memn_mib=mn / mib,
+                           mem_ratio=mn / m1, err=err, comm_ms=statistics.median(alone) * 1e3,
                            exposed_ms=_median(exposed) * 1e3, imbalance_ms=_median(imbalance) * 1e3,
                            t1_rounds=t1s, tn_rounds=tns)
                 rows.append(row)
                 out(f"  {algorithm:>9} {s:>7} {t1 * 1e3:>9.1f} {tn * 1e3:>9.1f} {eff:>6.1%} {eff_cpu:>6.1%} "
                     f"{hidden_text:>7} {statistics.median(alone) * 1e3:>9.1f} "
                     f"{_median(exposed) * 1e3:>8.1f} {_median(imbalance) * 1e3:>7.1f} "
-                    f"{mem1 / mib:>10.1f} {mem_n / mib:>10.1f} "
-                    f"{mem_n / mem1:>9.1%} {err:>9.2e}", flush=True)
-    if args.budget_search:
-        rows_all = [rows]
-        if n > 1:  # rank 0 holds the table; the search runs on every rank
-            _bcast_rows(rows_all)
-        budget_report(args, rows_all[0], n, out)
+                    f"{m1 / mib:>10.1f} {mn / mib:>10.1f} "
+                    f"{mn / m1:>9.1%} {err:>9.2e}", flush=True)
+    for line in budget_lines:
+        out(line)
     if rank == 0:
         if args.json:
             with open(args.json, "w") as f:
@@ -363,12 +378,12 @@ def longest_within(args, algorithm, budget: float, s0: int, grain: int) -> int:
     return lo
 
 
-def budget_report(args, rows, n, out):
+def budget_report(args, mem1_mib: float, n, out):
     """Longest sequence within a memory budget, measured (not fitted) for one process and for each
-    algorithm on the N ranks; the budget defaults to one process's peak at the smallest length."""
+    algorithm on the N ranks; the budget defaults to one process's peak at the smallest length
+    (``mem1_mib``). Lines go to ``out``."""
     s0 = min(args.seq)
-    mem1 = [r["mem1_mib"] for r in rows if r["seq"] == s0][0]
-    budget = (args.budget_mib or mem1) * (1 << 20)
+    budget = (args.budget_mib or mem1_mib) * (1 << 20)
     grain = max(2 * n, s0 // 16 // (2 * n) * (2 * n))
     s1 = longest_within(args, None, budget, s0, grain)
     out(f"# longest sequence within {budget / (1 << 20):.1f} MiB per process, measured (doubling "
@@ -379,7 +394,7 @@ def budget_report(args, rows, n, out):
         sn = longest_within(args, algorithm, budget, s0, grain)
         capped = " (search cap reached)" if sn >= args.search_cap * s0 else ""
         out(f"#   {algorithm:>9} on {n} ranks: {sn:,} tokens = {sn / s1:.2f} x one process "
-            f"({sn / s1 / n:.0%} of proportional){capped}", flush=True)
+            f"({sn / s1 / n:.0%} of proportional){capped}")
 
 
 if __name__ == "__main__":
