@@ -231,7 +231,8 @@ typedef struct {
     char *data;
     int n, rank;
     size_t slot;
-    long spin;
+    long spin;         /* polls before giving the core away */
+    long yield_us;     /* then sched_yield for this long before sleeping (sleep == 1) */
     int sleep;         /* 1: wait in futex on the lagging flag; 0: sched_yield */
     int64_t next_step; /* first step of the next operation issued */
     int64_t done_step; /* last step this rank has completed (read) */
@@ -526,7 +527,8 @@ static void wait_for_peers(Segment *g) {
     }
 }
 
-/* Block until `op` is done: spin `spin` polls, then sleep on the lagging peer's flag (futex)
+/* Block until `op` is done: spin `spin` polls, then yield (sleep == 0, or for the first
+ * `yield_us` microseconds of the wait), then sleep on the lagging peer's flag (futex)
  * with the GIL released (the watchdog thread of COMMLIB_TIMEOUT_MODE=abort runs meanwhile),
  * looking for dead peers. */
 static int op_run(ShmOp *op) {
@@ -537,7 +539,8 @@ static int op_run(ShmOp *op) {
     }
     PyThreadState *ts = NULL;
     unsigned long polls = 0;
-    int dead = -1;
+    int dead = -1, yielding = !g->sleep || g->yield_us > 0;
+    struct timespec t0 = {0, 0};
     for (;;) {
         if (progress(op))
             break;
@@ -546,12 +549,21 @@ static int op_run(ShmOp *op) {
             cpu_relax();
             continue;
         }
-        if (ts == NULL)
+        if (ts == NULL) {
             ts = PyEval_SaveThread();
-        if (g->sleep)
-            wait_for_peers(g);
-        else
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+        }
+        if (yielding && g->sleep) { /* yield while the wait is short, then sleep */
+            struct timespec now;
+            clock_gettime(CLOCK_MONOTONIC, &now);
+            long long us = (long long)(now.tv_sec - t0.tv_sec) * 1000000LL +
+                           (now.tv_nsec - t0.tv_nsec) / 1000;
+            yielding = us < g->yield_us;
+        }
+        if (yielding)
             sched_yield();
+        else
+            wait_for_peers(g);
         if ((polls & 15) == 0) {
             dead = dead_peer(g, (uint64_t)(op->s0 + op->cur));
             if (dead >= 0)
@@ -734,6 +746,7 @@ static int Segment_init(Segment *g, PyObject *args, PyObject *kw) {
     g->rank = rank;
     g->slot = (size_t)slot;
     g->spin = spin;
+    g->yield_us = 0;
     g->sleep = 1;
     g->next_step = 1;
     g->done_step = 0;
@@ -818,16 +831,23 @@ static PyObject *Segment_idle(Segment *g, PyObject *unused) {
     return PyBool_FromLong(g->done_step == g->next_step - 1);
 }
 
-static PyObject *Segment_get_spin(Segment *g, void *unused) { return PyLong_FromLong(g->spin); }
+/* The non-negative long attributes: spin (which 0) and yield_us (which 1). */
+static long *segment_long(Segment *g, void *which) {
+    return (intptr_t)which ? &g->yield_us : &g->spin;
+}
 
-static int Segment_set_spin(Segment *g, PyObject *v, void *unused) {
+static PyObject *Segment_get_long(Segment *g, void *which) {
+    return PyLong_FromLong(*segment_long(g, which));
+}
+
+static int Segment_set_long(Segment *g, PyObject *v, void *which) {
     long s = v ? PyLong_AsLong(v) : -1;
     if (s < 0) {
         if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "spin must be >= 0");
+            PyErr_Format(PyExc_ValueError, "%s must be >= 0", (intptr_t)which ? "yield_us" : "spin");
         return -1;
     }
-    g->spin = s;
+    *segment_long(g, which) = s;
     return 0;
 }
 
@@ -870,7 +890,10 @@ static PyGetSetDef Segment_getset[] = {
     {"nbytes", (getter)Segment_get_int, NULL, "bytes mapped", (void *)3},
     {"next_step", (getter)Segment_get_int, NULL, "first step of the next operation", (void *)4},
     {"closed", (getter)Segment_get_int, NULL, "unmapped", (void *)5},
-    {"spin", (getter)Segment_get_spin, (setter)Segment_set_spin, "polls before yielding", NULL},
+    {"spin", (getter)Segment_get_long, (setter)Segment_set_long,
+     "polls before giving the core away", (void *)0},
+    {"yield_us", (getter)Segment_get_long, (setter)Segment_set_long,
+     "with sleep True: microseconds of sched_yield after spinning, before sleeping", (void *)1},
     {"sleep", (getter)Segment_get_sleep, (setter)Segment_set_sleep,
      "after spinning: True sleeps on the lagging peer's flag (futex), False calls sched_yield",
      NULL},

@@ -70,15 +70,22 @@ def case_segment():
     # ranks arriving late by turns so that waits really happen
     spin, sleep0 = g.shm.spin, g.shm.sleep
     assert (spin, sleep0) == wait_policy(n)  # futex with a core per rank, else sched_yield
-    for sleep in (True, False):
-        g.shm.sleep, g.shm.spin = sleep, 0
+    for sleep, yield_us in ((True, 0), (False, 0), (True, 300)):  # sleep, yield, yield then sleep
+        g.shm.sleep, g.shm.spin, g.shm.yield_us = sleep, 0, yield_us
         for i in range(40):
             if i % n == g.rank:
                 time.sleep(0.002)
             t = torch.full((3000,), float(g.rank + i))
             commlib.all_reduce(t, algorithm="shm_oneshot" if i % 2 else "shm_twoshot")
             assert torch.equal(t, torch.full((3000,), float(n * (n - 1) // 2 + n * i))), (sleep, i)
-    g.shm.sleep, g.shm.spin = sleep0, spin
+    g.shm.sleep, g.shm.spin, g.shm.yield_us = sleep0, spin, 0
+    for name, bad in (("spin", -1), ("yield_us", -5)):
+        try:
+            setattr(g.shm, name, bad)
+        except ValueError as exc:
+            assert name in str(exc), exc
+        else:
+            raise AssertionError(f"{name} = {bad} accepted")
 
 
 def case_all_reduce():
