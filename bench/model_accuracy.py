@@ -153,7 +153,10 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for n in [int(x) for x in args.ranks.split(",")]:
             out = os.path.join(tmp, f"np{n}.json")
-            cmd = [mpiexec, "-n", str(n), sys.executable, os.path.abspath(__file__), "--worker",
+            # bound to cores: oversubscribed ranks that migrate run some collectives 4x slower
+            # for a whole process lifetime (docs/shm.md, "Oversubscribed ranks: bind them")
+            cmd = [mpiexec, "-bind-to", "core", "-n", str(n), sys.executable,
+                   os.path.abspath(__file__), "--worker",
                    "--json", out] + (["--quick"] if args.quick else []) + \
                 (["--max-bytes", str(args.max_bytes)] if args.max_bytes is not None else [])
             subprocess.run(cmd, check=True, timeout=1800)
