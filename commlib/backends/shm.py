@@ -77,7 +77,7 @@ def wait_policy(size: int) -> tuple[int, bool]:
     which leaves the core to whoever has work. When ranks outnumber cores a spinning rank only
     delays the peer it waits for: spin 50 polls, then yield. Measured at 4 ranks on 2 cores
     (docs/shm.md, "Waiting"): yielding took 7.5 us per 8-byte all-reduce against 34 us for sleeping
-    (a futex wake-up per step) and 20 us for MPI's Allreduce, and was as fast or faster up to 16 MiB.
+    (a futex wake-up per step) and 20 us for MPI's Allreduce, and was as fast or faster up to 256 MiB.
     ``COMMLIB_SHM_SPIN`` overrides the spin count."""
     try:
         cores = len(os.sched_getaffinity(0))

@@ -87,29 +87,34 @@ def _wait(works: list, posted: float, computed: float) -> None:
         STATS["trace"].append((posted, computed, done))
 
 
-def _poller(works: list) -> Callable[[], bool]:
-    """What the compute calls between sub-blocks: test the step's requests, which lets the engine
-    progress them (a test of a finished request is a flag check). Returns whether all are done:
-    from then on the compute needs no more poll points and may work in larger pieces."""
-    pending = list(works)
+class _Poller:
+    """What the compute calls between sub-blocks: ``poll()`` tests the step's requests, which
+    lets the engine progress them (a test of a finished request is a flag check); ``done()``
+    says whether all are complete, from when on the compute needs no more poll points and may
+    work in larger pieces."""
 
-    def poll() -> bool:
-        if pending:
+    __slots__ = ("pending",)
+
+    def __init__(self, works):
+        self.pending = list(works)
+
+    def __call__(self) -> None:
+        if self.pending:
             STATS["polls"] += 1
-            pending[:] = [w for w in pending if not w.is_completed()]
-        return not pending
-    return poll
+            self.pending = [w for w in self.pending if not w.is_completed()]
+
+    def done(self) -> bool:
+        return not self.pending
 
 
-def _no_poll() -> bool:
-    return True
+_NO_POLL = _Poller(())  # nothing in flight (or polling off): nothing to test, no pieces
 
 
 def ring_loop(plan: RingPlan, group, moving: Sequence[torch.Tensor], compute: Callable,
               carry: Callable | None = None):
     """Pass ``moving`` (this rank's blocks) around the ring; at each step call
-    ``compute(step, current_blocks, poll)`` (``poll()`` between sub-blocks progresses the
-    step's transfers and returns True once they are complete).
+    ``compute(step, current_blocks, poll)`` (a :class:`_Poller`: ``poll()`` between sub-blocks
+    progresses the step's transfers, ``poll.done()`` says whether they are complete).
 
     Without ``carry``: returns None. With ``carry``: ``compute`` returns this rank's contribution
     to the current block's accumulators (or None); ``carry(contribution, incoming)`` adds it to the
@@ -128,7 +133,9 @@ def ring_loop(plan: RingPlan, group, moving: Sequence[torch.Tensor], compute: Ca
             ops += _exchange(group, plan, acc, incoming, _TAG_CARRY)
         t0 = _clock()
         works = _post(ops)
-        contribution = compute(step, cur, _poller(works) if works and POLL else _no_poll)
+        poll = _Poller(works) if works and POLL else _NO_POLL
+        poll()  # at once: the handshake starts, and a transfer already done needs no pieces
+        contribution = compute(step, cur, poll)
         t1 = _clock()
         STATS["compute_s"] += t1 - t0
         _wait(works, t0, t1)
@@ -232,22 +239,6 @@ def _col_pieces(call, c: int, parts: int, done: Callable[[], bool]):
         yield rows, slice(a, b)
 
 
-class _Progress:
-    """A step's poll function and whether its transfers are done (the last poll's answer)."""
-
-    __slots__ = ("poll_fn", "finished")
-
-    def __init__(self, poll_fn: Callable[[], bool]):
-        self.poll_fn = poll_fn
-        self.finished = poll_fn()  # nothing to poll, or already done: no pieces at all
-
-    def poll(self) -> None:
-        self.finished = self.poll_fn()
-
-    def done(self) -> bool:
-        return self.finished
-
-
 class RingAttention(torch.autograd.Function):
     """Blockwise ring attention. The ring runs once per head group (``chunks`` groups of whole KV
     heads, one after the other): every in-flight buffer is 1/chunks of the rank's K/V, at the
@@ -270,10 +261,9 @@ class RingAttention(torch.autograd.Function):
             def compute(step, cur, poll, qt=qt, out_g=out_g, lse_g=lse_g, subs=subs,
                         pieces=pieces):
                 kt, vt = _bhsd(cur[0]), _bhsd(cur[1])
-                prog = _Progress(poll)
                 for call in step.calls:
                     for sq, sk in subs:
-                        for first, rows, cols, causal in _row_pieces(call, c, pieces, prog.done):
+                        for first, rows, cols, causal in _row_pieces(call, c, pieces, poll.done):
                             o, lse = ops.forward(qt[:, sq, rows], kt[:, sk, cols],
                                                  vt[:, sk, cols], causal, scale)
                             if step.index == 0 and first:  # step 0 covers every row once
@@ -281,7 +271,7 @@ class RingAttention(torch.autograd.Function):
                                 lse_g[:, sq, rows].copy_(lse)
                             else:
                                 merge_(out_g[:, sq, rows], lse_g[:, sq, rows], o, lse)
-                            prog.poll()
+                            poll()
 
             ring_loop(plan, group, (k[:, :, kh], v[:, :, kh]), compute)
         out = out_acc.to(q.dtype)  # (b, h, s, d) view of (b, s, h, d) memory
@@ -317,22 +307,21 @@ class RingAttention(torch.autograd.Function):
                         block=block):
                 kt, vt = _bhsd(cur[0]), _bhsd(cur[1])
                 parts = []
-                prog = _Progress(poll)
                 for call in step.calls:
                     for sq, sk in subs:
                         if step.index == 0:  # the own block, by rows: dK/dV add up at home
                             for first, rows, cols, causal in _row_pieces(call, c, pieces,
-                                                                         prog.done):
+                                                                         poll.done):
                                 dq, dk, dv = block(sq, sk, rows, cols, causal, kt, vt)
                                 (dq_g[:, sq, rows].copy_ if first else dq_g[:, sq, rows].add_)(dq)
                                 carry.own(cols.start, cols.stop, sk, dk, dv)
-                                prog.poll()
+                                poll()
                             continue
-                        for rows, cols in _col_pieces(call, c, pieces, prog.done):  # disjoint dK/dV
+                        for rows, cols in _col_pieces(call, c, pieces, poll.done):  # disjoint dK/dV
                             dq, dk, dv = block(sq, sk, rows, cols, False, kt, vt)
                             dq_g[:, sq, rows].add_(dq)
                             parts.append((cols.start, cols.stop, sk, dk, dv))
-                            prog.poll()
+                            poll()
                 return parts
 
             dk, dv = ring_loop(plan, group, moving, compute, carry)
