@@ -221,6 +221,18 @@ def _plan_pair(fn: str, g: Group, algo, out, inp, output, input, rop, op, group,
     return post
 
 
+def _repeat(fn: str, out, inp, op, group, algorithm) -> bool:
+    """Run the stored plan of this exact blocking call (a repeated call: see commlib/_plans.py);
+    False when there is none."""
+    hit = planned_pair(fn, out, inp, op, group, algorithm)
+    if hit is None:
+        return False
+    g, post = hit
+    g.seq += 1
+    _run_plan(g, post, (out, inp), fn)
+    return True
+
+
 def all_reduce(tensor, op=ReduceOp.SUM, group: Group | None = None, async_op: bool = False, *,
                algorithm: str | None = None):
     """Reduce ``tensor`` across the group; every rank gets the result in place.
@@ -326,11 +338,8 @@ def all_gather_into_tensor(output_tensor, input_tensor, group: Group | None = No
     ``output_tensor`` (in-place all-gather).
     """
     fn = "all_gather_into_tensor"
-    if not async_op:
-        hit = planned_pair(fn, output_tensor, input_tensor, None, group, algorithm)
-        if hit is not None:  # a repeated call: see commlib/_plans.py
-            hit[0].seq += 1
-            return _run_plan(hit[0], hit[1], (output_tensor, input_tensor), fn)
+    if not async_op and _repeat(fn, output_tensor, input_tensor, None, group, algorithm):
+        return None
     g = resolve_group(group, fn)
     try:
         out = as_tensor(output_tensor, fn, "output_tensor", writable=True)
@@ -441,11 +450,8 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group: Group | None = 
     """Reduce ``input`` (group size blocks of ``output.numel()`` elements) across the group; rank i
     gets block i, reduced, in ``output``."""
     fn = "reduce_scatter_tensor"
-    if not async_op:
-        hit = planned_pair(fn, output, input, op, group, algorithm)
-        if hit is not None:  # a repeated call: see commlib/_plans.py
-            hit[0].seq += 1
-            return _run_plan(hit[0], hit[1], (output, input), fn)
+    if not async_op and _repeat(fn, output, input, op, group, algorithm):
+        return None
     g = resolve_group(group, fn)
     try:
         out = as_tensor(output, fn, "output", writable=True)
