@@ -55,6 +55,7 @@
 #endif
 
 #include "reduce_math.h"
+#include "reduce_simd.h"
 
 #define CL_MAX_RANKS 64
 #define CL_LINE 128
@@ -197,8 +198,27 @@ typedef void (*reduce_fn)(char *out, char *const *srcs, int ns, size_t len, int 
 
 DEFINE_FLOAT_REDUCE(reduce_f32, float, float, LD_ID, ST_ID, cl_minf, cl_maxf)
 DEFINE_FLOAT_REDUCE(reduce_f64, double, double, LD_ID, ST_ID, cl_mind, cl_maxd)
-DEFINE_FLOAT_REDUCE(reduce_f16, uint16_t, float, LD_F16, ST_F16, cl_minf, cl_maxf)
-DEFINE_FLOAT_REDUCE(reduce_bf16, uint16_t, float, LD_BF16, ST_BF16, cl_minf, cl_maxf)
+DEFINE_FLOAT_REDUCE(reduce_f16_scalar, uint16_t, float, LD_F16, ST_F16, cl_minf, cl_maxf)
+DEFINE_FLOAT_REDUCE(reduce_bf16_scalar, uint16_t, float, LD_BF16, ST_BF16, cl_minf, cl_maxf)
+
+/* 1: SUM/AVG of float16/bfloat16 take the vectorized kernels of reduce_simd.h (set at import
+ * from the CPU's features; commlib._shm.simd() reads or changes it, for tests). */
+static int use_simd;
+
+#ifdef CL_HAVE_SIMD
+#define DEFINE_HALF_REDUCE(NAME, SIMD, SCALAR)                                                \
+    static void NAME(char *out, char *const *srcs, int ns, size_t len, int op, int avg) {    \
+        if (use_simd && op == CL_SUM)                                                         \
+            SIMD(out, srcs, ns, len, avg);                                                    \
+        else                                                                                  \
+            SCALAR(out, srcs, ns, len, op, avg);                                              \
+    }
+DEFINE_HALF_REDUCE(reduce_f16, sum_f16_simd, reduce_f16_scalar)
+DEFINE_HALF_REDUCE(reduce_bf16, sum_bf16_simd, reduce_bf16_scalar)
+#else
+#define reduce_f16 reduce_f16_scalar
+#define reduce_bf16 reduce_bf16_scalar
+#endif
 DEFINE_INT_REDUCE(reduce_i8, int8_t, uint32_t)
 DEFINE_INT_REDUCE(reduce_u8, uint8_t, uint32_t)
 DEFINE_INT_REDUCE(reduce_i16, int16_t, uint32_t)
@@ -979,7 +999,19 @@ static PyObject *mod_cast(PyObject *m, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* simd([on]): whether float16/bfloat16 SUM/AVG use the vectorized kernels; with an argument,
+ * turns them on (where the CPU has them) or off. Returns the setting in effect. */
+static PyObject *mod_simd(PyObject *m, PyObject *args) {
+    int on = -1;
+    if (!PyArg_ParseTuple(args, "|p", &on))
+        return NULL;
+    if (on >= 0)
+        use_simd = on && cl_simd_usable();
+    return PyBool_FromLong(use_simd);
+}
+
 static PyMethodDef module_methods[] = {
+    {"simd", mod_simd, METH_VARARGS, "simd([on]) -> whether the vectorized kernels are in use"},
     {"unlink", mod_unlink, METH_O, "shm_unlink(name); a missing name is not an error."},
     {"reduce", mod_reduce, METH_VARARGS, "reduce(out_ptr, src_ptrs, count, dtype, op, avg)"},
     {"cast", mod_cast, METH_VARARGS, "cast(out_ptr, in_ptr, count, src_dtype, dst_dtype)"},
@@ -994,6 +1026,7 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC PyInit__shm(void) {
     if (PyType_Ready(&SegmentType) < 0 || PyType_Ready(&ShmOpType) < 0)
         return NULL;
+    use_simd = cl_simd_usable();
     PyObject *m = PyModule_Create(&module_def);
     if (m == NULL)
         return NULL;

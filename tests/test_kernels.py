@@ -1,6 +1,8 @@
 """The host build of csrc/reduce_math.h (through commlib._shm, built by the package install)
 against the torch reference of commlib.kernels: every dtype x op, bit for bit."""
 
+import sys
+
 import pytest
 import torch
 
@@ -36,9 +38,27 @@ def same_bits(a, b):
     return torch.equal(a, b)
 
 
+@pytest.fixture(params=["simd", "scalar"])
+def kernels(request):
+    """Both builds of the float16/bfloat16 SUM: the vectorized one (AVX2/F16C, where the CPU has
+    it) and the portable scalar one."""
+    before = ext.simd()
+    on = ext.simd(request.param == "simd")
+    if request.param == "simd" and not on:
+        pytest.skip("this CPU has no AVX2/F16C: only the scalar kernels run here")
+    yield request.param
+    ext.simd(before)
+
+
+def test_simd_kernels_are_on_where_the_cpu_has_them():
+    flags = open("/proc/cpuinfo").read().split() if sys.platform.startswith("linux") else []
+    if "avx2" in flags and "f16c" in flags:
+        assert ext.simd() is True
+
+
 @pytest.mark.parametrize("k", [1, 2, 3, 4, 7])
 @pytest.mark.parametrize("dtype", FLOATS + INTS, ids=str)
-def test_reduce_matches_torch(dtype, k):
+def test_reduce_matches_torch(dtype, k, kernels):
     ops = FLOAT_OPS if dtype.is_floating_point else INT_OPS
     for op in ops:
         xs = inputs(dtype, k, seed=k)
