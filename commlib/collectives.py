@@ -251,7 +251,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group: Group | None = None, async_op: bo
     try:
         t = as_tensor(tensor, "all_reduce", "tensor", writable=True)
         rop = _op("all_reduce", op, t.dtype)
-        algo = select("all_reduce", t.nbytes, g, algorithm, "all_reduce")
+        algo = select("all_reduce", t.nbytes, g, algorithm, "all_reduce", t.dtype)
     except CommError as exc:
         _fail(g, "all_reduce", exc)
         raise
@@ -282,7 +282,7 @@ def reduce(tensor, dst: int | None = None, op=ReduceOp.SUM, group: Group | None 
         t = as_tensor(tensor, "reduce", "tensor", writable=True)
         rop = _op("reduce", op, t.dtype)
         root = _root("reduce", g, "dst", dst, group_dst)
-        algo = select("reduce", t.nbytes, g, algorithm, "reduce")
+        algo = select("reduce", t.nbytes, g, algorithm, "reduce", t.dtype)
     except CommError as exc:
         _fail(g, "reduce", exc)
         raise
@@ -463,7 +463,7 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group: Group | None = 
                             f"must hold group size ({g.size}) x output elements "
                             f"({out.numel()}) = {g.size * out.numel()} elements",
                             "size input as group size x output")
-        algo = select("reduce_scatter", inp.numel() * inp.element_size(), g, algorithm, fn)
+        algo = select("reduce_scatter", inp.numel() * inp.element_size(), g, algorithm, fn, inp.dtype)
     except CommError as exc:
         _fail(g, fn, exc)
         raise

@@ -93,11 +93,13 @@ def test_calibrate_across_virtual_hosts_and_select_from_it(tmp_path):
     proc = run_mpi_hosts(hosts, "tuning_explain.py", "hosts", timeout=240,
                          COMMLIB_TUNING_FILE=str(out))
     assert "ok case_explain_agrees_and_runs (world size 4)" in proc.stdout
+    assert "ok case_half_precision_prices_the_upcast (world size 4)" in proc.stdout
 
 
 def test_explain_on_one_host_without_calibration():
     proc = run_mpi_hosts(["a", "a", "a"], "tuning_explain.py", "one-host", timeout=240)
     assert "ok case_explain_agrees_and_runs (world size 3)" in proc.stdout
+    assert "ok case_half_precision_prices_the_upcast (world size 3)" in proc.stdout
 
 
 def test_model_accuracy_bench_reports_its_shares(tmp_path):

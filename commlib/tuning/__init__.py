@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import logging
 
+import torch
+
 from .. import config
 from ..algorithms import algorithm_names, get_algorithm
 from ..errors import arg_error
+from ..ops import accumulation_dtype
 from .selector import Explanation, GroupModel, explain_group, predictions, setup
 
 __all__ = ["select", "explain", "attach_model", "clear_cache", "Explanation"]
@@ -38,7 +41,21 @@ def attach_model(group) -> GroupModel | None:
     return setup(group)
 
 
-def _choose(collective: str, nbytes: int, group) -> tuple[str, str, list]:
+_REDUCING = frozenset({"all_reduce", "reduce", "reduce_scatter"})
+
+
+def widening(collective: str, dtype, group) -> int:
+    """How many times larger the buffer is that a reduction of ``dtype`` runs on when the
+    algorithm leaves accumulation to the engine: 2 for float16/bfloat16 where the engine cannot
+    reduce them (they are upcast to float32), else 1."""
+    backend = group.backend
+    if dtype is None or collective not in _REDUCING or backend is None or dtype is torch.bool \
+            or dtype in backend.native_reduce_dtypes:
+        return 1
+    return accumulation_dtype(dtype).itemsize // dtype.itemsize
+
+
+def _choose(collective: str, nbytes: int, group, widen: int = 1) -> tuple[str, str, list]:
     forced = config.get("algo")
     if forced is not None and get_algorithm(collective, forced) is not None:
         return forced, "COMMLIB_ALGO", []
@@ -46,7 +63,7 @@ def _choose(collective: str, nbytes: int, group) -> tuple[str, str, list]:
     if model is None:
         why = "one rank" if group.size == 1 else "the engine's own: no cost model for this engine"
         return "native", why, []
-    preds = predictions(collective, nbytes, group, model)
+    preds = predictions(collective, nbytes, group, model, widen)
     if not preds:  # no formula and nothing measured (all_to_all, barrier): the engine's own
         return "native", "cost model: nothing to compare", []
     best = preds[0]
@@ -54,9 +71,10 @@ def _choose(collective: str, nbytes: int, group) -> tuple[str, str, list]:
     return best.algorithm, f"cost model: {best.seconds * 1e6:.1f} us ({best.how}){runner}", preds
 
 
-def select(collective: str, nbytes: int, group, algorithm: str | None, fn: str):
+def select(collective: str, nbytes: int, group, algorithm: str | None, fn: str, dtype=None):
     """The algorithm (its generator function) that runs ``collective`` of ``nbytes`` on
-    ``group``. Memoized per (collective, power-of-two size bucket, group)."""
+    ``group`` (of ``dtype``, for reductions: see :func:`widening`). Memoized per (collective,
+    power-of-two size bucket, group, widening)."""
     if algorithm is not None:
         chosen = get_algorithm(collective, algorithm)
         if chosen is None:
@@ -64,22 +82,25 @@ def select(collective: str, nbytes: int, group, algorithm: str | None, fn: str):
                             f"{collective} has no such algorithm",
                             f"use one of {algorithm_names(collective)} or None for automatic")
         return chosen
-    key = (collective, nbytes.bit_length(), id(group))
+    widen = widening(collective, dtype, group)
+    key = (collective, nbytes.bit_length(), id(group), widen)
     hit = _memo.get(key)
     if hit is None:
-        name, why, _ = _choose(collective, nbytes, group)
+        name, why, _ = _choose(collective, nbytes, group, widen)
         hit = _memo[key] = (get_algorithm(collective, name), name)
         log.info("%s of %d bytes on group %s: algorithm %s (%s)", collective, nbytes, group.name,
                  name, why)
     return hit[0]
 
 
-def explain(op: str, nbytes: int, group=None) -> Explanation:
+def explain(op: str, nbytes: int, group=None, dtype=None) -> Explanation:
     """The model's table for ``op`` (``"all_reduce"``, ``"all_gather"``, ``"reduce_scatter"``,
     ``"broadcast"``, ``"reduce"``, ...) of ``nbytes`` on ``group`` (default: world): every eligible
     algorithm's predicted time and how it was priced (``measured`` curve or ``formula``), and the
-    algorithm a call would use. ``print(commlib.tuning.explain("all_reduce", 1 << 20))``. Local:
-    no communication."""
+    algorithm a call would use. ``print(commlib.tuning.explain("all_reduce", 1 << 20))``.
+    ``dtype``: the tensor's, for reductions: float16/bfloat16 make the algorithms that leave the
+    accumulation to the engine pay a float32 copy where the engine cannot reduce them (rows
+    marked ``x2 upcast``). Local: no communication."""
     from ..algorithms import COLLECTIVES
     from ..group import resolve_group
 
@@ -90,11 +111,12 @@ def explain(op: str, nbytes: int, group=None) -> Explanation:
         raise arg_error("tuning.explain", "nbytes", nbytes, "must be a non-negative int",
                         "pass the message size in bytes")
     g = resolve_group(group, "tuning.explain")
-    name, why, _ = _choose(op, nbytes, g)
+    widen = widening(op, dtype, g)
+    name, why, _ = _choose(op, nbytes, g, widen)
     model = getattr(g, "model", None)
     if model is None:
         return Explanation(op, nbytes, g.name, g.size, "none", [], name, why)
-    return explain_group(op, nbytes, g, model, name, why)
+    return explain_group(op, nbytes, g, model, name, why, widen)
 
 
 def clear_cache() -> None:

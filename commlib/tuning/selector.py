@@ -169,11 +169,28 @@ def eligible(collective: str, model: GroupModel) -> list[str]:
     return out
 
 
-def predictions(collective: str, nbytes: int, group, model: GroupModel) -> list[Prediction]:
-    """Every eligible algorithm's predicted time, cheapest first (one rank: native, free)."""
+def predictions(collective: str, nbytes: int, group, model: GroupModel,
+                widen: int = 1) -> list[Prediction]:
+    """Every eligible algorithm's predicted time, cheapest first (one rank: native, free).
+
+    ``widen`` > 1: the reduction's dtype is one the engine cannot accumulate (float16/bfloat16 on
+    MPI or gloo), so every algorithm but the shared-memory ones (which reduce every dtype
+    themselves) runs on a copy ``widen`` times larger (float32) and pays the casts to it and
+    back: two copies of ``widen * nbytes``, priced at the table's per-byte copy cost."""
     if group.size == 1:
         return [Prediction("native", 0.0, "formula")]
-    return predict(collective, nbytes, group.size, model.table, eligible(collective, model))
+    names = eligible(collective, model)
+    if widen == 1:
+        return predict(collective, nbytes, group.size, model.table, names)
+    own = [n for n in names if n in SHM_ALGORITHMS]
+    out = predict(collective, nbytes, group.size, model.table, own) if own else []
+    rest = [n for n in names if n not in SHM_ALGORITHMS]
+    if rest:
+        cast = 2 * widen * nbytes * (model.table.shm or model.table.link).beta
+        out += [Prediction(x.algorithm, x.seconds + cast, x.how + f" (x{widen} upcast)")
+                for x in predict(collective, widen * nbytes, group.size, model.table, rest)]
+    out.sort(key=lambda x: (x.seconds, x.algorithm != "native", x.algorithm))
+    return out
 
 
 @dataclass
@@ -203,6 +220,6 @@ class Explanation:
 
 
 def explain_group(collective: str, nbytes: int, group, model: GroupModel, chosen: str,
-                  why: str) -> Explanation:
+                  why: str, widen: int = 1) -> Explanation:
     return Explanation(collective, nbytes, group.name, group.size, model.source,
-                       predictions(collective, nbytes, group, model), chosen, why)
+                       predictions(collective, nbytes, group, model, widen), chosen, why)

@@ -37,5 +37,28 @@ def case_explain_agrees_and_runs():
         assert torch.equal(t, torch.full_like(t, n * (n + 1) / 2))
 
 
+def case_half_precision_prices_the_upcast():
+    # MPI cannot reduce bfloat16: every algorithm but the shared-memory ones runs on a float32
+    # copy twice the size and pays the casts; the shared-memory ones reduce bfloat16 themselves.
+    n = commlib.get_world_size()
+    for nbytes in (1 << 12, 1 << 20):
+        half = {r.algorithm: r for r in explain("all_reduce", nbytes, dtype=torch.bfloat16).rows}
+        same = {r.algorithm: r.seconds for r in explain("all_reduce", nbytes).rows}
+        wide = {r.algorithm: r.seconds for r in explain("all_reduce", 2 * nbytes).rows}
+        assert half.keys() == same.keys(), (half, same)
+        for name, row in half.items():
+            if name.startswith("shm"):
+                assert row.seconds == same[name] and "upcast" not in row.how, row
+            else:
+                assert row.seconds > wide[name] and row.how.endswith("(x2 upcast)"), row
+        if EXPECT == "hosts":
+            assert not any(name.startswith("shm") for name in half), half
+        t = torch.full((nbytes // 2,), float(commlib.get_rank() + 1), dtype=torch.bfloat16)
+        commlib.all_reduce(t)  # the automatic pick for bfloat16
+        assert torch.equal(t, torch.full_like(t, n * (n + 1) / 2))
+    f32 = explain("all_reduce", 1 << 20, dtype=torch.float32)
+    assert all("upcast" not in r.how for r in f32.rows), str(f32)
+
+
 if __name__ == "__main__":
     main(globals())
