@@ -53,10 +53,12 @@ CL_V3 static inline void cl_st8_bf16(uint16_t *p, __m256 v) {
     _mm_storeu_si128((__m128i *)p, _mm_packus_epi32(lo, hi));
 }
 
-/* out = (srcs[0] + srcs[1] + ... ) [/ avg], 32 elements per iteration in four independent
- * accumulators, the tail through the scalar conversions. */
+/* out = (srcs[0] + srcs[1] + ... ) [/ avg], and the same into out2 when it is not NULL; 32
+ * elements per iteration in four independent accumulators, the tail through the scalar
+ * conversions. */
 #define DEFINE_SIMD_SUM(NAME, LD8, ST8, LD1, ST1)                                             \
-    CL_V3 static void NAME(char *out, char *const *srcs, int ns, size_t len, int avg) {      \
+    CL_V3 static void NAME(char *out, char *out2, char *const *srcs, int ns, size_t len,     \
+                           int avg) {                                                         \
         const uint16_t *s0 = (const uint16_t *)srcs[0];                                       \
         uint16_t *d = (uint16_t *)out;                                                        \
         const __m256 div = _mm256_set1_ps((float)avg);                                        \
@@ -81,11 +83,15 @@ CL_V3 static inline void cl_st8_bf16(uint16_t *p, __m256 v) {
             ST8(d + i + 8, a1);                                                               \
             ST8(d + i + 16, a2);                                                              \
             ST8(d + i + 24, a3);                                                              \
+            if (out2)                                                                         \
+                memcpy((uint16_t *)out2 + i, d + i, 32 * sizeof(uint16_t));                   \
         }                                                                                     \
         for (; i < len; i++) {                                                                \
             float acc = LD1(s0[i]);                                                           \
             for (int j = 1; j < ns; j++) acc += LD1(((const uint16_t *)srcs[j])[i]);          \
             d[i] = ST1(avg ? acc / (float)avg : acc);                                         \
+            if (out2)                                                                         \
+                ((uint16_t *)out2)[i] = d[i];                                                 \
         }                                                                                     \
     }
 

@@ -128,9 +128,12 @@ typedef struct {
 
 /* ----- reductions -------------------------------------------------------------------------- */
 /* out[i] = srcs[0][i] op srcs[1][i] op ... (rank order, accumulation type ACC), divided by
- * `avg` when it is non-zero, converted back to T once. Blocks of CL_BLK elements keep the
- * accumulator in L1 and let the compiler vectorize each (accumulator, source) stream. */
-typedef void (*reduce_fn)(char *out, char *const *srcs, int ns, size_t len, int op, int avg);
+ * `avg` when it is non-zero, converted back to T once, and copied to `out2` too when that is not
+ * NULL (the two-shot's reduced slice: to the rank's output and to its region for the peers).
+ * Blocks of CL_BLK elements keep the accumulator in L1 and let the compiler vectorize each
+ * (accumulator, source) stream. */
+typedef void (*reduce_fn)(char *out, char *out2, char *const *srcs, int ns, size_t len, int op,
+                          int avg);
 
 #define LD_ID(x) (x)
 #define ST_ID(x) (x)
@@ -140,7 +143,8 @@ typedef void (*reduce_fn)(char *out, char *const *srcs, int ns, size_t len, int 
 #define ST_BF16(x) cl_f32_to_bf16(x)
 
 #define DEFINE_FLOAT_REDUCE(NAME, T, ACC, LD, ST, MINF, MAXF)                                 \
-    static void NAME(char *out, char *const *srcs, int ns, size_t len, int op, int avg) {    \
+    static void NAME(char *out, char *out2, char *const *srcs, int ns, size_t len, int op,   \
+                     int avg) {                                                               \
         ACC acc[CL_BLK];                                                                      \
         for (size_t o = 0; o < len; o += CL_BLK) {                                            \
             size_t m = len - o < CL_BLK ? len - o : CL_BLK;                                   \
@@ -165,6 +169,8 @@ typedef void (*reduce_fn)(char *out, char *const *srcs, int ns, size_t len, int 
             } else {                                                                          \
                 for (size_t i = 0; i < m; i++) d[i] = ST(acc[i]);                             \
             }                                                                                 \
+            if (out2)                                                                         \
+                memcpy((T *)out2 + o, d, m * sizeof(T));                                      \
         }                                                                                     \
     }
 
@@ -173,7 +179,8 @@ typedef void (*reduce_fn)(char *out, char *const *srcs, int ns, size_t len, int 
 #define EACH(STMT) do { for (size_t i = 0; i < m; i++) { STMT; } } while (0)
 
 #define DEFINE_INT_REDUCE(NAME, T, U)                                                         \
-    static void NAME(char *out, char *const *srcs, int ns, size_t len, int op, int avg) {    \
+    static void NAME(char *out, char *out2, char *const *srcs, int ns, size_t len, int op,   \
+                     int avg) {                                                               \
         (void)avg;                                                                            \
         T acc[CL_BLK];                                                                        \
         for (size_t o = 0; o < len; o += CL_BLK) {                                            \
@@ -193,6 +200,8 @@ typedef void (*reduce_fn)(char *out, char *const *srcs, int ns, size_t len, int 
                 }                                                                             \
             }                                                                                 \
             memcpy((T *)out + o, acc, m * sizeof(T));                                         \
+            if (out2)                                                                         \
+                memcpy((T *)out2 + o, acc, m * sizeof(T));                                    \
         }                                                                                     \
     }
 
@@ -207,11 +216,12 @@ static int use_simd;
 
 #ifdef CL_HAVE_SIMD
 #define DEFINE_HALF_REDUCE(NAME, SIMD, SCALAR)                                                \
-    static void NAME(char *out, char *const *srcs, int ns, size_t len, int op, int avg) {    \
+    static void NAME(char *out, char *out2, char *const *srcs, int ns, size_t len, int op,   \
+                     int avg) {                                                               \
         if (use_simd && op == CL_SUM)                                                         \
-            SIMD(out, srcs, ns, len, avg);                                                    \
+            SIMD(out, out2, srcs, ns, len, avg);                                              \
         else                                                                                  \
-            SCALAR(out, srcs, ns, len, op, avg);                                              \
+            SCALAR(out, out2, srcs, ns, len, op, avg);                                        \
     }
 DEFINE_HALF_REDUCE(reduce_f16, sum_f16_simd, reduce_f16_scalar)
 DEFINE_HALF_REDUCE(reduce_bf16, sum_bf16_simd, reduce_bf16_scalar)
@@ -309,13 +319,20 @@ static void do_write(ShmOp *op, int64_t idx) {
         memcpy(mine, op->in + lo * es, len * es);
         break;
     case K_AR2:
-        if (sub == 0)
-            memcpy(mine, op->in + lo * es, len * es);
+        if (sub == 0) { /* the slices the peers reduce; my own slice is read from my input */
+            for (int j = 0; j < g->n; j++) {
+                size_t a, b;
+                slice_of(len, g->n, j, &a, &b);
+                if (j != g->rank && b > a)
+                    memcpy(mine + a * es, op->in + (lo + a) * es, (b - a) * es);
+            }
+        }
         break; /* sub 1: the reduced slice was written while reading sub 0 */
-    case K_RS:
+    case K_RS: /* the parts the peers reduce; mine is read from my input */
         for (int j = 0; j < g->n; j++)
-            memcpy(mine + (size_t)j * op->chunk * es, op->in + ((size_t)j * op->count + lo) * es,
-                   len * es);
+            if (j != g->rank)
+                memcpy(mine + (size_t)j * op->chunk * es,
+                       op->in + ((size_t)j * op->count + lo) * es, len * es);
         break;
     case K_BC:
         if (g->rank == op->root)
@@ -337,28 +354,34 @@ static void do_read(ShmOp *op, int64_t idx) {
     switch (op->kind) {
     case K_AR1:
         for (int j = 0; j < n; j++) srcs[j] = region(g, j, p);
-        reduce(op->out + lo * es, srcs, n, len, op->op, op->avg);
+        reduce(op->out + lo * es, NULL, srcs, n, len, op->op, op->avg);
         break;
     case K_AR2: {
         size_t a, b;
-        if (sub == 0) { /* reduce my slice of every rank's chunk into my next region */
+        if (sub == 0) { /* reduce my slice of every rank's chunk into my output and my next
+                         * region (in rank order, my own part from my input: the same sources
+                         * in the same order on every rank) */
             slice_of(len, n, me, &a, &b);
             if (b > a) {
-                for (int j = 0; j < n; j++) srcs[j] = region(g, j, p) + a * es;
-                reduce(region(g, me, p ^ 1) + a * es, srcs, n, b - a, op->op, op->avg);
+                for (int j = 0; j < n; j++)
+                    srcs[j] = j == me ? op->in + (lo + a) * es : region(g, j, p) + a * es;
+                reduce(op->out + (lo + a) * es, region(g, me, p ^ 1) + a * es, srcs, n, b - a,
+                       op->op, op->avg);
             }
-        } else { /* gather every rank's reduced slice */
+        } else { /* gather the peers' reduced slices */
             for (int j = 0; j < n; j++) {
                 slice_of(len, n, j, &a, &b);
-                if (b > a)
+                if (j != me && b > a)
                     memcpy(op->out + (lo + a) * es, region(g, j, p) + a * es, (b - a) * es);
             }
         }
         break;
     }
     case K_RS:
-        for (int j = 0; j < n; j++) srcs[j] = region(g, j, p) + (size_t)me * op->chunk * es;
-        reduce(op->out + lo * es, srcs, n, len, op->op, op->avg);
+        for (int j = 0; j < n; j++)
+            srcs[j] = j == me ? op->in + ((size_t)me * op->count + lo) * es
+                              : region(g, j, p) + (size_t)me * op->chunk * es;
+        reduce(op->out + lo * es, NULL, srcs, n, len, op->op, op->avg);
         break;
     case K_AG:
         for (int j = 0; j < n; j++)
@@ -967,7 +990,7 @@ static PyObject *mod_reduce(PyObject *m, PyObject *args) {
         srcs[i] = (char *)(uintptr_t)p;
     }
     Py_BEGIN_ALLOW_THREADS
-    DTYPES[dtype].reduce((char *)(uintptr_t)out, srcs, (int)ns, (size_t)count, op, avg);
+    DTYPES[dtype].reduce((char *)(uintptr_t)out, NULL, srcs, (int)ns, (size_t)count, op, avg);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
