@@ -61,8 +61,11 @@ def test_shared_memory_formulas():
          predict("all_reduce", N, 4, Table(shm), ["shm_oneshot", "shm_twoshot"])}
     # one-shot: copy in, copy the first region out, reduce 3 more regions into it
     assert t["shm_oneshot"] == pytest.approx(1 + 2 * 1.2 + 3 * 0.12)
-    # two-shot: two handshakes; copy in, write own reduced quarter, copy the 3 others out
-    assert t["shm_twoshot"] == pytest.approx(2 + (2 + 0.25) * 1.2 + 0.75 * 0.12)
+    # two-shot: two handshakes; copy in the 3 quarters the peers reduce, write own reduced
+    # quarter twice (output and region), copy the 3 others out
+    assert t["shm_twoshot"] == pytest.approx(2 + (0.75 + 0.5 + 0.75) * 1.2 + 0.75 * 0.12)
+    rs = predict("reduce_scatter", N, 4, Table(shm), ["shm"])[0]
+    assert rs.seconds == pytest.approx(1 + (0.75 + 0.25) * 1.2 + 0.75 * 0.12)
     bc = predict("broadcast", N, 4, Table(shm), ["shm"])[0]
     assert bc.seconds == pytest.approx(1 + 2.4)
 

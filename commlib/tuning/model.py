@@ -250,13 +250,15 @@ def _shm_oneshot(p, n, c):
 
 @register_cost("shm_twoshot", "all_reduce")
 def _shm_twoshot(p, n, c):
-    # copy in; reduce own slice of all regions; copy every reduced slice out
-    return 2 * c.alpha + (2 + 1 / p) * n * c.beta + (p - 1) / p * n * c.gamma
+    # copy in the peers' slices; reduce own slice (own part from the input) into the output and
+    # the region; copy the peers' reduced slices out
+    return 2 * c.alpha + 2 * n * c.beta + (p - 1) / p * n * c.gamma
 
 
 @register_cost("shm", "reduce_scatter")
 def _shm_reduce_scatter(p, n, c):
-    return c.alpha + (1 + 1 / p) * n * c.beta + (p - 1) / p * n * c.gamma
+    # copy in the peers' blocks; reduce own block (own part from the input) into the output
+    return c.alpha + n * c.beta + (p - 1) / p * n * c.gamma
 
 
 @register_cost("shm", "all_gather")
