@@ -5,7 +5,7 @@
 
 For all_reduce, all_gather, reduce_scatter and broadcast from 8 B to 64 MiB (x4 steps), at each
 world size, it times every algorithm the collective has (median over rounds of the slowest rank's
-mean, as bench/calibrate.py does) and compares:
+mean, outside the host's slow phases, as bench/calibrate.py does) and compares:
 
 * **prediction**: the model's time for each (collective, size, algorithm) it can price, against
   the measured median; a point is *within* when |predicted / measured - 1| <= 25 %. Where the
@@ -42,7 +42,7 @@ def worker(args) -> int:
     from mpi4py import MPI
 
     import commlib
-    from calibrate import measure, run
+    from calibrate import measure, quiet_summary, run
     from commlib.algorithms import get_algorithm
     from commlib.tuning import select
     from commlib.tuning.selector import GroupModel, eligible, predictions
@@ -83,7 +83,7 @@ def worker(args) -> int:
                          "picked": picked})
     if group.rank == 0:
         with open(args.json, "w") as f:
-            json.dump({"p": p, "model": model.source, "rows": rows}, f)
+            json.dump({"p": p, "model": model.source, "rows": rows, "quiet": quiet_summary(comm)}, f)
     commlib.finalize()
     return 0
 
@@ -92,6 +92,8 @@ def report(docs: list[dict]) -> dict[str, float]:
     within = total_pred = good = total_sel = auto_ok = total_auto = f_within = f_total = 0
     for doc in docs:
         print(f"\n# {doc['p']} ranks; model from {doc['model']}")
+        if doc.get("quiet"):
+            print(doc["quiet"])
         print(f"# {'collective':14} {'size':>10}  {'picked':18} {'best':18} {'pick/best':>9} {'auto/all':>8}  "
               "prediction error per algorithm (predicted/measured - 1)")
         for r in doc["rows"]:
