@@ -40,6 +40,7 @@ import torch
 from mpi4py import MPI
 
 import commlib
+from _quiet import quiet_for, quiet_summary
 from commlib.algorithms import algorithm_names
 from commlib.ops import ReduceOp, resolve_op
 
@@ -313,6 +314,9 @@ def build_parser(coll: Collective) -> argparse.ArgumentParser:
                    help="time commlib, mpi4py and gloo interleaved; print medians and ratios")
     p.add_argument("--rounds", type=int, default=5,
                    help="--compare: rounds per size; the median is reported (default 5)")
+    p.add_argument("--patience", type=float, default=60.0, metavar="S",
+                   help="--compare: before each round, wait up to S seconds for the host's slow "
+                        "phases to pass (bench/_quiet.py; 0: do not check; default 60)")
     p.add_argument("--json", metavar="FILE", default=None, help="write every row to FILE")
     p.add_argument("--plot", metavar="FILE", default=None,
                    help="write a busbw-vs-size PNG (needs matplotlib)")
@@ -585,6 +589,7 @@ def run_compare(b: Bench, sizes: list[int], out: Callable) -> dict:
     rows, wrong_total = [], 0
     progress = Progress(b, len(sizes))
     item = torch.empty((), dtype=b.dtype).element_size()
+    quiet = quiet_for(b.comm, a.patience)
     for i, req in enumerate(sizes, 1):
         nbytes, count = coll.counts(req, item, b.size)
         bufs = coll.alloc(b, count, in_place)
@@ -601,6 +606,7 @@ def run_compare(b: Bench, sizes: list[int], out: Callable) -> dict:
         # order and every other cycle reverses it, so each implementation follows each other.
         settle = max(2, min(iters // 4, 50))
         for k in range(a.rounds):
+            quiet.wait()
             order = live[k % len(live):] + live[:k % len(live)]
             if (k // len(live)) % 2:
                 order.reverse()
@@ -647,6 +653,7 @@ def run_compare(b: Bench, sizes: list[int], out: Callable) -> dict:
             f"{'n/a' if mc is None else f'{100 * mc / c:.0f}%':>10}")
         progress.step(i, nbytes)
     out(f"# Out of bounds values : {wrong_total} {'OK' if wrong_total == 0 else 'FAILED'}")
+    out(quiet_summary(b.comm))
     goals = compare_goals(rows)
     for line in goals:
         out(line)

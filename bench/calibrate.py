@@ -27,12 +27,12 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 import torch
 from mpi4py import MPI
 
 import commlib
+from _quiet import quiet_for, quiet_summary, time_loop as _time_loop
 from commlib._progress import start
 from commlib.collectives import _ctx
 from commlib.kernels import reduce_
@@ -50,71 +50,15 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 GAMMA_SIZES = [1 << 20, 4 << 20, 16 << 20]
 
 
-def _time_loop(fn, iters: int, comm) -> float:
-    comm.Barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    mine = (time.perf_counter() - t0) / iters
-    return comm.allreduce(mine, op=MPI.MAX)  # the slowest rank: a collective ends with it
-
-
-class Quiet:
-    """Waits out the host's slow phases before a measurement.
-
-    The virtual machines this runs on have their CPUs moved by the host: for seconds at a time,
-    traffic between cores runs 4-8x slower (a 1 MiB all-reduce at 2 ranks: ~85 us for the
-    shared-memory two-shot and ~190 us for MPI, then ~650 and ~720 us for 10 s or more), while a
-    local copy keeps its speed. A point measured in such a phase prices the host, not commlib.
-    So before each point every rank times a canary (MPI's ``Allreduce`` of 1 MiB, the slowest
-    rank's time) and, while it is more than ``slack`` times the fastest canary seen, all ranks
-    wait and retry, up to ``patience`` seconds per point (then they measure anyway and say so)."""
-
-    def __init__(self, comm, slack: float = 1.6, patience: float = 60.0):
-        self.comm, self.slack, self.patience = comm, slack, patience
-        self.buf = torch.ones(1 << 18)
-        self.best = float("inf")
-        self.waited = 0.0
-        self.gave_up = 0
-
-    def canary(self) -> float:
-        view = self.buf.numpy()
-        self.comm.Allreduce(MPI.IN_PLACE, view)
-        return _time_loop(lambda: self.comm.Allreduce(MPI.IN_PLACE, view), 10, self.comm)
-
-    def wait(self) -> None:
-        if self.comm.Get_size() < 2:
-            return
-        t0 = time.perf_counter()
-        while True:
-            c = self.canary()
-            self.best = min(self.best, c)
-            if c <= self.slack * self.best:
-                break
-            if time.perf_counter() - t0 > self.patience:
-                self.gave_up += 1
-                break
-            time.sleep(0.5)
-        self.waited += time.perf_counter() - t0
-
-
-_QUIET: dict[int, Quiet] = {}
-
-
-def quiet_summary(comm) -> str:
-    q = _QUIET.get(id(comm))
-    if q is None or q.best == float("inf"):
-        return "# slow phases: not checked (one rank)"
-    return (f"# slow phases: waited {q.waited:.1f} s in all; canary (1 MiB MPI Allreduce) best "
-            f"{q.best * 1e6:.0f} us; measured anyway after {q.patience:.0f} s: {q.gave_up} point(s)")
+# Seconds each point waits at most for a slow phase to pass (--patience; --quick: 2).
+PATIENCE = [60.0]
 
 
 def measure(fn, comm, target: float, rounds: int) -> float:
     """Median over ``rounds`` of the slowest rank's mean time of ``fn``, after warm-up, with an
     iteration count that makes each loop last about ``target`` seconds (agreed by all ranks),
     outside the host's slow phases (:class:`Quiet`)."""
-    quiet = _QUIET.setdefault(id(comm), Quiet(comm))
-    quiet.wait()
+    quiet_for(comm, PATIENCE[0]).wait()
     fn()
     probe = _time_loop(fn, 2, comm)
     iters = int(min(max(target / max(probe, 1e-7), 3), 20000))
@@ -195,6 +139,9 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None, help="tuning file (default: COMMLIB_TUNING_FILE, "
                         "else the per-host cache)")
     parser.add_argument("--quick", action="store_true", help="shorter loops, fewer rounds")
+    parser.add_argument("--patience", type=float, default=None, metavar="S",
+                        help="wait up to S seconds per point for the host's slow phases to pass "
+                             "(bench/_quiet.py; 0: do not check; default 60, --quick 2)")
     parser.add_argument("--max-bytes", type=int, default=None,
                         help="measure sizes up to this many bytes only (a quick check)")
     parser.add_argument("--if-missing", action="store_true",
@@ -205,6 +152,7 @@ def main(argv=None) -> int:
     comm = MPI.COMM_WORLD
     p, rank = group.size, group.rank
     target, rounds = (0.02, 3) if args.quick else (0.1, 5)
+    PATIENCE[0] = args.patience if args.patience is not None else 2.0 if args.quick else 60.0
     if args.max_bytes is not None:
         global P2P_SIZES, NATIVE_SIZES, GAMMA_SIZES
         P2P_SIZES = [n for n in P2P_SIZES if n <= args.max_bytes] or P2P_SIZES[:2]

@@ -42,7 +42,7 @@ def worker(args) -> int:
     from mpi4py import MPI
 
     import commlib
-    from calibrate import measure, quiet_summary, run
+    from calibrate import PATIENCE, measure, quiet_summary, run
     from commlib.algorithms import get_algorithm
     from commlib.tuning import select
     from commlib.tuning.selector import GroupModel, eligible, predictions
@@ -53,6 +53,7 @@ def worker(args) -> int:
     comm = MPI.COMM_WORLD
     p = group.size
     target, rounds = (0.02, 3) if args.quick else (0.05, 5)
+    PATIENCE[0] = 2.0 if args.quick else 60.0
     model = group.model
     # The same model with measured curves for the engine's collectives only: how well the step
     # formulas alone predict commlib's own algorithms.

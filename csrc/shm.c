@@ -383,9 +383,10 @@ static void do_read(ShmOp *op, int64_t idx) {
                               : region(g, j, p) + (size_t)me * op->chunk * es;
         reduce(op->out + lo * es, NULL, srcs, n, len, op->op, op->avg);
         break;
-    case K_AG:
+    case K_AG: /* the peers' blocks from their regions, mine from my input */
         for (int j = 0; j < n; j++)
-            memcpy(op->out + ((size_t)j * op->count + lo) * es, region(g, j, p), len * es);
+            memcpy(op->out + ((size_t)j * op->count + lo) * es,
+                   j == me ? op->in + lo * es : region(g, j, p), len * es);
         break;
     case K_BC:
         if (me != op->root)

@@ -28,11 +28,12 @@ def bench(n: int, name: str, *args: str, check: bool = True):
 @pytest.mark.parametrize("name", COLLECTIVES)
 def test_compare_is_correct(name, tmp_path):
     out = tmp_path / "r.json"
-    proc = bench(2, name, *QUICK, "--compare", "--json", str(out))
+    proc = bench(2, name, *QUICK, "--compare", "--patience", "1", "--json", str(out))
     for column in ("commlib µs", "mpi4py µs", "gloo µs", "commlib-mpi4py (µs)",
                    "commlib/mpi4py", "gloo/commlib"):
         assert column in proc.stdout, proc.stdout
     assert "# Out of bounds values : 0 OK" in proc.stdout
+    assert "# slow phases: waited" in proc.stdout, proc.stdout  # the canary ran before each round
     doc = json.loads(out.read_text())
     assert [r["size"] for r in doc["rows"]] == [8, 512, 32768]
     for row in doc["rows"]:
