@@ -24,6 +24,7 @@ under ``<backend>/<N>``: run it once per group size you use (e.g. N = 2, 3, 4).
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -54,15 +55,34 @@ GAMMA_SIZES = [1 << 20, 4 << 20, 16 << 20]
 PATIENCE = [60.0]
 
 
+def measure_many(fns: dict, comm, target: float, rounds: int) -> dict:
+    """Median over ``rounds`` of the slowest rank's mean time of each of ``fns`` (name ->
+    callable), after warm-up, each with an iteration count that makes its loop last about
+    ``target`` seconds (agreed by all ranks). The rounds interleave the callables, in an order
+    that rotates every round, each loop after one untimed call of its own (the loop before it
+    leaves caches in its state), and each round waits out the host's slow phases first
+    (bench/_quiet.py): drifts of the machine fall on all of them alike, so their ratios hold."""
+    quiet = quiet_for(comm, PATIENCE[0])
+    quiet.wait()
+    iters = {}
+    for name, fn in fns.items():
+        fn()
+        probe = _time_loop(fn, 2, comm)
+        iters[name] = int(min(max(target / max(probe, 1e-7), 3), 20000))
+    names = list(fns)
+    samples: dict = {name: [] for name in names}
+    for k in range(rounds):
+        if k:
+            quiet.wait()
+        for name in names[k % len(names):] + names[:k % len(names)]:
+            fns[name]()
+            samples[name].append(_time_loop(fns[name], iters[name], comm))
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
 def measure(fn, comm, target: float, rounds: int) -> float:
-    """Median over ``rounds`` of the slowest rank's mean time of ``fn``, after warm-up, with an
-    iteration count that makes each loop last about ``target`` seconds (agreed by all ranks),
-    outside the host's slow phases (:class:`Quiet`)."""
-    quiet_for(comm, PATIENCE[0]).wait()
-    fn()
-    probe = _time_loop(fn, 2, comm)
-    iters = int(min(max(target / max(probe, 1e-7), 3), 20000))
-    return statistics.median(_time_loop(fn, iters, comm) for _ in range(rounds))
+    """:func:`measure_many` of one callable."""
+    return measure_many({0: fn}, comm, target, rounds)[0]
 
 
 def _shift_steps(ctx, send, recv, steps):
@@ -128,9 +148,9 @@ def curves(group, comm, p, target, rounds) -> dict[str, dict[str, dict[int, floa
         count = max(p, nbytes // 4 // p * p)  # float32 elements, divisible by the group size
         full, part = torch.ones(count), torch.ones(count // p)
         for coll, algos in out.items():
-            for a, pts in algos.items():
-                pts[count * 4] = measure(lambda c=coll, a=a, f=full, q=part: run(c, f, q, a), comm,
-                                         target, rounds)
+            fns = {a: functools.partial(run, coll, full, part, a) for a in algos}
+            for a, t in measure_many(fns, comm, target, rounds).items():
+                algos[a][count * 4] = t
     return out
 
 
@@ -151,7 +171,8 @@ def main(argv=None) -> int:
     group = commlib.get_world_group()
     comm = MPI.COMM_WORLD
     p, rank = group.size, group.rank
-    target, rounds = (0.02, 3) if args.quick else (0.1, 5)
+    # the loop length and rounds of bench/model_accuracy.py, which checks these numbers
+    target, rounds = (0.02, 3) if args.quick else (0.05, 5)
     PATIENCE[0] = args.patience if args.patience is not None else 2.0 if args.quick else 60.0
     if args.max_bytes is not None:
         global P2P_SIZES, NATIVE_SIZES, GAMMA_SIZES

@@ -5,7 +5,7 @@
 
 For all_reduce, all_gather, reduce_scatter and broadcast from 8 B to 64 MiB (x4 steps), at each
 world size, it times every algorithm the collective has (median over rounds of the slowest rank's
-mean, outside the host's slow phases, as bench/calibrate.py does) and compares:
+mean, interleaved and outside the host's slow phases, as bench/calibrate.py does) and compares:
 
 * **prediction**: the model's time for each (collective, size, algorithm) it can price, against
   the measured median; a point is *within* when |predicted / measured - 1| <= 25 %. Where the
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import os
 import subprocess
@@ -42,7 +43,7 @@ def worker(args) -> int:
     from mpi4py import MPI
 
     import commlib
-    from calibrate import PATIENCE, measure, quiet_summary, run
+    from calibrate import PATIENCE, measure_many, quiet_summary, run
     from commlib.algorithms import get_algorithm
     from commlib.tuning import select
     from commlib.tuning.selector import GroupModel, eligible, predictions
@@ -69,13 +70,14 @@ def worker(args) -> int:
             count = max(p, nbytes // 4 // p * p)
             full, part = torch.ones(count), torch.ones(count // p)
             size = count * 4
-            measured = {a: measure(lambda a=a, f=full, q=part, c=coll: run(c, f, q, a), comm, target, rounds)
-                        for a in names}
-            others = {"(auto)": measure(lambda f=full, q=part, c=coll: run(c, f, q, None), comm, target, rounds)}
+            # every algorithm, the automatic call and (all_reduce) raw mpi4py, interleaved
+            fns = {a: functools.partial(run, coll, full, part, a) for a in names}
+            fns["(auto)"] = functools.partial(run, coll, full, part, None)
             if coll == "all_reduce":
-                view = full.numpy()
-                others["(mpi4py)"] = measure(lambda v=view: comm.Allreduce(MPI.IN_PLACE, v, MPI.SUM), comm,
-                                             target, rounds)
+                fns["(mpi4py)"] = functools.partial(comm.Allreduce, MPI.IN_PLACE, full.numpy(), MPI.SUM)
+            times = measure_many(fns, comm, target, rounds)
+            measured = {a: times[a] for a in names}
+            others = {k: v for k, v in times.items() if k.startswith("(")}
             predicted = {x.algorithm: x.seconds for x in predictions(coll, size, group, model)}
             formula = {x.algorithm: x.seconds for x in predictions(coll, size, group, formula_model)}
             picked = by_fn[select(coll, size, group, None, coll)]
