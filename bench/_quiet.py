@@ -27,27 +27,31 @@ def time_loop(fn, iters: int, comm) -> float:
 
 
 class Quiet:
-    """Waits out the host's slow phases before a measurement: every rank times a canary (MPI's
-    ``Allreduce`` of 1 MiB: the fastest of 3 loops of 10, the slowest rank's time) and, while it
-    is more than ``slack`` times the fastest canary seen, all ranks wait and retry, up to
-    ``patience`` seconds per point (then they measure anyway, and the summary counts it).
-    ``patience`` 0: no canary, no wait.
+    """Waits out the host's slow phases before a measurement: every rank times two canaries (MPI's
+    ``Allreduce`` of 1 MiB and of 8 B: the fastest of 3 loops, the slowest rank's time) and,
+    while either is more than ``slack`` times the fastest of its kind seen, all ranks wait and
+    retry, up to ``patience`` seconds per point (then they measure anyway, and the summary
+    counts it). ``patience`` 0: no canary, no wait.
 
     One loop of 10 spreads 1.5x inside a quiet phase here (135-207 us, 2 ranks, 300 loops over
     30 s); the fastest of 3 spreads less, so the slack can be tight enough (1.35) to also catch
-    the milder slow phases (1.3-1.6x) that shifted whole calibrations."""
+    the milder slow phases (1.3-1.6x) that shifted whole calibrations. The 8-byte canary catches
+    the phases that slow latency more than bandwidth (a whole row of 8-128 B points measured
+    35-45% slower than its calibration while the 1 MiB canary passed)."""
 
     def __init__(self, comm, slack: float = 1.35, patience: float = 60.0):
         self.comm, self.slack, self.patience = comm, slack, patience
         self.buf = torch.ones(1 << 18)
+        self.small = torch.ones(2)
         self.best = float("inf")
+        self.best_small = float("inf")
         self.waited = 0.0
         self.gave_up = 0
 
-    def canary(self) -> float:
-        view = self.buf.numpy()
+    def canary(self, buf=None, iters: int = 10) -> float:
+        view = (self.buf if buf is None else buf).numpy()
         self.comm.Allreduce(MPI.IN_PLACE, view)
-        return min(time_loop(lambda: self.comm.Allreduce(MPI.IN_PLACE, view), 10, self.comm)
+        return min(time_loop(lambda: self.comm.Allreduce(MPI.IN_PLACE, view), iters, self.comm)
                    for _ in range(3))
 
     def wait(self) -> None:
@@ -55,9 +59,9 @@ class Quiet:
             return
         t0 = time.perf_counter()
         while True:
-            c = self.canary()
-            self.best = min(self.best, c)
-            if c <= self.slack * self.best:
+            c, s = self.canary(), self.canary(self.small, 50)
+            self.best, self.best_small = min(self.best, c), min(self.best_small, s)
+            if c <= self.slack * self.best and s <= self.slack * self.best_small:
                 break
             if time.perf_counter() - t0 > self.patience:
                 self.gave_up += 1
@@ -78,5 +82,6 @@ def quiet_summary(comm) -> str:
     q = _QUIET.get(id(comm))
     if q is None or q.best == float("inf"):
         return "# slow phases: not checked (one rank, or --patience 0)"
-    return (f"# slow phases: waited {q.waited:.1f} s in all; canary (1 MiB MPI Allreduce) best "
-            f"{q.best * 1e6:.0f} us; measured anyway after {q.patience:.0f} s: {q.gave_up} point(s)")
+    return (f"# slow phases: waited {q.waited:.1f} s in all; canaries (MPI Allreduce) best "
+            f"{q.best * 1e6:.0f} us at 1 MiB, {q.best_small * 1e6:.2f} us at 8 B; measured anyway "
+            f"after {q.patience:.0f} s: {q.gave_up} point(s)")
