@@ -49,6 +49,9 @@ def _run(groups, period: float) -> None:
             elif now - first[1] >= group.timeout:
                 sys.stderr.write(_message(group, what, group.seq, group.timeout))
                 sys.stderr.flush()
+                # Let the launcher forward the message first: MPICH's hydra kills every process
+                # on an abort and drops what is still in their pipes (1 run in ~15 lost it).
+                time.sleep(0.5)
                 backend.abort(1)
 
 
