@@ -54,7 +54,7 @@ def worker(args) -> int:
     comm = MPI.COMM_WORLD
     p = group.size
     target, rounds = (0.02, 3) if args.quick else (0.05, 5)
-    PATIENCE[0] = 2.0 if args.quick else 60.0
+    PATIENCE[0] = 0.0 if args.quick else 60.0
     model = group.model
     # The same model with measured curves for the engine's collectives only: how well the step
     # formulas alone predict commlib's own algorithms.
