@@ -71,11 +71,21 @@ class Quiet:
 
 
 _QUIET: dict[int, Quiet] = {}
+_PATIENCE = [60.0]
 
 
-def quiet_for(comm, patience: float = 60.0) -> Quiet:
-    """The gate of ``comm`` (one per communicator and process: it remembers the best canary)."""
-    return _QUIET.setdefault(id(comm), Quiet(comm, patience=patience))
+def set_patience(seconds: float) -> None:
+    """The patience of every gate created from now on (a run's --patience; 0: no gate)."""
+    _PATIENCE[0] = seconds
+
+
+def quiet_for(comm, patience: float | None = None) -> Quiet:
+    """The gate of ``comm`` (one per communicator and process: it remembers the best canaries),
+    created with ``patience`` or else the run's (:func:`set_patience`)."""
+    q = _QUIET.get(id(comm))
+    if q is None:
+        q = _QUIET[id(comm)] = Quiet(comm, patience=_PATIENCE[0] if patience is None else patience)
+    return q
 
 
 def quiet_summary(comm) -> str:

@@ -33,7 +33,7 @@ import torch
 from mpi4py import MPI
 
 import commlib
-from _quiet import quiet_for, quiet_summary, time_loop as _time_loop
+from _quiet import quiet_for, quiet_summary, set_patience, time_loop as _time_loop
 from commlib._progress import start
 from commlib.collectives import _ctx
 from commlib.kernels import reduce_
@@ -51,10 +51,6 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 GAMMA_SIZES = [1 << 20, 4 << 20, 16 << 20]
 
 
-# Seconds each point waits at most for a slow phase to pass (--patience; --quick: 0).
-PATIENCE = [60.0]
-
-
 def measure_many(fns: dict, comm, target: float, rounds: int) -> dict:
     """Median over ``rounds`` of the slowest rank's mean time of each of ``fns`` (name ->
     callable), after warm-up, each with an iteration count that makes its loop last about
@@ -62,7 +58,7 @@ def measure_many(fns: dict, comm, target: float, rounds: int) -> dict:
     that rotates every round, each loop after one untimed call of its own (the loop before it
     leaves caches in its state), and each round waits out the host's slow phases first
     (bench/_quiet.py): drifts of the machine fall on all of them alike, so their ratios hold."""
-    quiet = quiet_for(comm, PATIENCE[0])
+    quiet = quiet_for(comm)  # every communicator measured: main() sets the patience
     quiet.wait()
     iters = {}
     for name, fn in fns.items():
@@ -173,7 +169,7 @@ def main(argv=None) -> int:
     p, rank = group.size, group.rank
     # the loop length and rounds of bench/model_accuracy.py, which checks these numbers
     target, rounds = (0.02, 3) if args.quick else (0.05, 5)
-    PATIENCE[0] = args.patience if args.patience is not None else 0.0 if args.quick else 60.0
+    set_patience(args.patience if args.patience is not None else 0.0 if args.quick else 60.0)
     if args.max_bytes is not None:
         global P2P_SIZES, NATIVE_SIZES, GAMMA_SIZES
         P2P_SIZES = [n for n in P2P_SIZES if n <= args.max_bytes] or P2P_SIZES[:2]

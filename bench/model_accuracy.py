@@ -43,7 +43,8 @@ def worker(args) -> int:
     from mpi4py import MPI
 
     import commlib
-    from calibrate import PATIENCE, measure_many, quiet_summary, run
+    from _quiet import set_patience
+    from calibrate import measure_many, quiet_summary, run
     from commlib.algorithms import get_algorithm
     from commlib.tuning import select
     from commlib.tuning.selector import GroupModel, eligible, predictions
@@ -54,7 +55,7 @@ def worker(args) -> int:
     comm = MPI.COMM_WORLD
     p = group.size
     target, rounds = (0.02, 3) if args.quick else (0.05, 5)
-    PATIENCE[0] = 0.0 if args.quick else 60.0
+    set_patience(0.0 if args.quick else 60.0)  # the slow-phase gate (--quick: none)
     model = group.model
     # The same model with measured curves for the engine's collectives only: how well the step
     # formulas alone predict commlib's own algorithms.

@@ -150,10 +150,10 @@ typedef void (*reduce_fn)(char *out, char *out2, char *const *srcs, int ns, size
         ACC acc[CL_BLK];                                                                      \
         for (size_t o = 0; o < len; o += CL_BLK) {                                            \
             size_t m = len - o < CL_BLK ? len - o : CL_BLK;                                   \
-            const T *s0 = (const T *)srcs[0] + o;                                    \
+            const T *s0 = (const T *)srcs[0] + o;                                             \
             for (size_t i = 0; i < m; i++) acc[i] = LD(s0[i]);                                \
             for (int j = 1; j < ns; j++) {                                                    \
-                const T *sj = (const T *)srcs[j] + o;                                \
+                const T *sj = (const T *)srcs[j] + o;                                         \
                 if (op == CL_SUM) {                                                           \
                     for (size_t i = 0; i < m; i++) acc[i] += LD(sj[i]);                       \
                 } else if (op == CL_PROD) {                                                   \
@@ -164,7 +164,7 @@ typedef void (*reduce_fn)(char *out, char *out2, char *const *srcs, int ns, size
                     for (size_t i = 0; i < m; i++) acc[i] = MAXF(acc[i], LD(sj[i]));          \
                 }                                                                             \
             }                                                                                 \
-            T *d = (T *)out + o;                                                     \
+            T *d = (T *)out + o;                                                              \
             if (avg) {                                                                        \
                 ACC div = (ACC)avg;                                                           \
                 for (size_t i = 0; i < m; i++) d[i] = ST(acc[i] / div);                       \
@@ -187,10 +187,10 @@ typedef void (*reduce_fn)(char *out, char *out2, char *const *srcs, int ns, size
         T acc[CL_BLK];                                                                        \
         for (size_t o = 0; o < len; o += CL_BLK) {                                            \
             size_t m = len - o < CL_BLK ? len - o : CL_BLK;                                   \
-            const T *s0 = (const T *)srcs[0] + o;                                    \
+            const T *s0 = (const T *)srcs[0] + o;                                             \
             EACH(acc[i] = s0[i]);                                                             \
             for (int j = 1; j < ns; j++) {                                                    \
-                const T *sj = (const T *)srcs[j] + o;                                \
+                const T *sj = (const T *)srcs[j] + o;                                         \
                 switch (op) {                                                                 \
                 case CL_SUM: EACH(acc[i] = (T)((U)acc[i] + (U)sj[i])); break;                 \
                 case CL_PROD: EACH(acc[i] = (T)((U)acc[i] * (U)sj[i])); break;                \
