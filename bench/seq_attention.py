@@ -136,7 +136,8 @@ def parallel(args, algorithm: str, local):
         out = F.ulysses_attention(q, k, v, causal=args.causal)
     else:
         out = F.ring_attention(q, k, v, causal=args.causal, layout=args.layout,
-                               algorithm=algorithm, head_chunks=args.head_chunks)
+                               algorithm=algorithm, head_chunks=args.head_chunks,
+                               seq_chunks=args.seq_chunks)
     out.backward(do)
     return out
 
@@ -213,6 +214,8 @@ def main(argv=None) -> int:
     p.add_argument("--non-causal", dest="causal", action="store_false")
     p.add_argument("--layout", default="zigzag", choices=["zigzag", "contiguous"])
     p.add_argument("--head-chunks", type=int, default=None, help="ring: head groups (default: library's)")
+    p.add_argument("--seq-chunks", type=int, default=None,
+                   help="ring: key segments per head group (default: library's)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (median)")
     p.add_argument("--budget-mib", type=float, default=None,
                    help="memory budget of the longest-sequence search (default: mem1 at the "

@@ -16,10 +16,10 @@ import torch
 
 from commlib.nn._blocks import BLOCK_OPS, block_ops, merge_
 from commlib.nn._plan import plan_ring
-from commlib.nn._ring import _bounds, _row_pieces
+from commlib.nn._ring import _bounds, _tiles, ring_passes
 
-CASES = ["case_errors", "case_float64", "case_low_precision", "case_module", "case_ring_matrix",
-         "case_ring_odd_lengths", "case_shard_roundtrip", "case_ulysses"]
+CASES = ["case_default_segments", "case_errors", "case_float64", "case_low_precision",
+         "case_module", "case_ring_matrix", "case_ring_odd_lengths", "case_shard_roundtrip", "case_ulysses"]
 
 
 def _visible_pairs(plan, chunk=1):
@@ -75,16 +75,50 @@ def test_pieces_split_while_the_transfer_runs(finish_after):
     if 0 < finish_after < 7:
         assert all(b - a == 256 for a, b in got[:-1]) and got[-1][1] - got[-1][0] > 256
 
-    call = plan_ring(0, 2, True, "zigzag").steps[0].calls[0]
-    c = 16
-    state["done"] = False
-    polls = iter(range(10 ** 6))
-    seen = torch.zeros(call.q1 * c, call.k1 * c, dtype=torch.int64)
-    for _, rows, cols, causal in _row_pieces(call, c, 4, done):
-        block = torch.ones(rows.stop - rows.start, cols.stop - cols.start, dtype=torch.int64)
-        seen[rows, cols] += block.tril() if causal else block
-        state["done"] = next(polls) >= 1
-    assert torch.equal(seen, torch.ones_like(seen).tril())
+    capped = list(_bounds(0, 100, 2, lambda: True, cap=30))
+    assert capped == [(0, 30), (30, 60), (60, 90), (90, 100)]
+
+
+@pytest.mark.parametrize("segments", [1, 3, 4])
+@pytest.mark.parametrize("cap", [None, 5])
+def test_tiles_cover_each_visible_pair_once(segments, cap):
+    """Every call of every step, cut into key segments (one ring pass each) and pieces of rows
+    (poll points, and the backward's row cap), computes each visible (query, key) pair of the
+    global causal mask exactly once; in the first segment's step 0 every row has exactly one
+    piece marked first (the forward assigns there instead of merging)."""
+    n, c = 3, 7
+    sl = 2 * c
+    for r in range(n):
+        plan = plan_ring(r, n, True, "zigzag")
+        seen = torch.zeros(n, sl, sl, dtype=torch.int64)  # [source rank, local query, local key]
+        firsts = torch.zeros(sl, dtype=torch.int64)
+        for _, _, spans in ring_passes(1, 1, c, 2, 1, segments):
+            for step in plan.steps:
+                state = {"polls": 0}
+                for call in step.calls:
+                    for first, rows, i, cols, causal in _tiles(call, c, spans, 3,
+                                                               lambda s=state: s["polls"] > 1, cap):
+                        state["polls"] += 1
+                        assert cap is None or rows.stop - rows.start <= cap
+                        s0, s1 = spans[i]
+                        keys = slice(s0 + cols.start, s0 + cols.stop)
+                        assert s0 <= keys.start < keys.stop <= s1
+                        block = torch.ones(rows.stop - rows.start, keys.stop - keys.start,
+                                           dtype=torch.int64)
+                        seen[step.source, rows, keys] += block.tril() if causal else block
+                        if step.index == 0 and spans[0][0] == 0 and first:
+                            firsts[rows] += 1
+        assert torch.equal(firsts, torch.ones_like(firsts))
+        mine = _positions(r, n, c)
+        for src in range(n):
+            want = (_positions(src, n, c).view(1, -1) <= mine.view(-1, 1)).to(torch.int64)
+            assert torch.equal(seen[src], want), (r, src)
+
+
+def _positions(rank, n, c):
+    """Global token positions of a rank's zigzag chunks (r and 2N-1-r of 2N), written out here."""
+    return torch.cat([torch.arange(rank * c, (rank + 1) * c),
+                      torch.arange((2 * n - 1 - rank) * c, (2 * n - rank) * c)])
 
 
 def test_plan_is_printable():

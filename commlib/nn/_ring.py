@@ -29,6 +29,7 @@ load imbalance (a peer had not posted yet) and transfer still running after the 
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable, Sequence
 
@@ -40,7 +41,8 @@ from ._blocks import block_ops, math_grads_from_p, merge_
 from ._layout import positions
 from ._plan import RingPlan
 
-__all__ = ["ring_loop", "STATS", "reset_stats", "RingAttention", "RSAAttention", "head_groups"]
+__all__ = ["ring_loop", "STATS", "reset_stats", "RingAttention", "RSAAttention", "head_groups",
+           "ring_passes"]
 
 _clock = time.perf_counter
 
@@ -120,7 +122,7 @@ def ring_loop(plan: RingPlan, group, moving: Sequence[torch.Tensor], compute: Ca
     to the current block's accumulators (or None); ``carry(contribution, incoming)`` adds it to the
     accumulators that arrived from the previous rank (``incoming`` None at step 0) and returns the
     accumulators to pass on. Returns the accumulators of this rank's own block, complete."""
-    cur = tuple(moving)
+    cur, moving = tuple(moving), None  # the caller's blocks may be copies: free them on the way
     acc = None
     last = plan.size - 1
     for step in plan.steps:
@@ -161,32 +163,48 @@ def _bhsd(t: torch.Tensor) -> torch.Tensor:
 
 
 class _CarryKV:
-    """``carry`` for (dK, dV) accumulators kept in the user's (b, s, h_kv, d) layout, shaped like
-    ``like``. Partial gradients are (first key token, end, KV head slice, dk, dv) in (b, h, s, d)
-    views. Step 0 (the own block) adds them with :meth:`own` straight into fresh zeroed
-    accumulators as the compute produces them, so no step-0 part is held; later steps return
-    their parts (disjoint key ranges), added once the incoming accumulators arrive."""
+    """``carry`` for (dK, dV) accumulators shaped like ``like`` (in the accumulation dtype), seen
+    through ``views`` as K pieces then V pieces in the user's (b, s, h_kv, d) layout (default: the
+    tensors themselves, one piece of each). Partial gradients are (piece, first key token, end,
+    KV head slice, dk, dv), the token range relative to the piece and dk/dv in (b, h, s, d) views.
+    Step 0 (the own block) adds them with :meth:`own` straight into fresh zeroed accumulators as
+    the compute produces them; later steps add theirs with :meth:`held` into one zeroed buffer
+    (pieces may overlap) or return them as a list, added once the incoming accumulators arrive."""
 
-    def __init__(self, like: Sequence[torch.Tensor]):
-        self.like, self.acc = like, None
+    def __init__(self, like: Sequence, views: Callable = lambda acc: acc):
+        # (shape, dtype, device) of each tensor of ``like``, not the tensors (a ring's blocks
+        # are freed on the way)
+        self.like = [(shape, _acc_dtype(dtype), device) for shape, dtype, device in like]
+        self.views, self.acc, self.buffer = views, None, None
 
-    def own(self, k0: int, k1: int, heads: slice, dk: torch.Tensor, dv: torch.Tensor) -> None:
-        if self.acc is None:
-            self.acc = tuple(torch.zeros(t.shape, dtype=_acc_dtype(t.dtype), device=t.device)
-                             for t in self.like)
-        self._add(self.acc, ((k0, k1, heads, dk, dv),))
+    def _zeros(self):
+        return tuple(torch.zeros(shape, dtype=dtype, device=device)
+                     for shape, dtype, device in self.like)
 
-    @staticmethod
-    def _add(acc, parts):
-        for k0, k1, heads, dk, dv in parts:
-            acc[0][:, k0:k1, heads].add_(_bhsd(dk))
-            acc[1][:, k0:k1, heads].add_(_bhsd(dv))
+    def own(self, *part) -> None:
+        self.acc = self.acc or self._zeros()
+        self._add(self.acc, (part,))
+
+    def held(self, *part) -> None:
+        self.buffer = self.buffer or self._zeros()
+        self._add(self.buffer, (part,))
+
+    def _add(self, acc, parts):
+        views = self.views(acc)
+        n = len(views) // 2
+        for piece, k0, k1, heads, dk, dv in parts:
+            views[piece][:, k0:k1, heads].add_(_bhsd(dk))
+            views[n + piece][:, k0:k1, heads].add_(_bhsd(dv))
 
     def __call__(self, parts, incoming):
         if incoming is None:
-            acc, self.acc = self.acc, None
+            acc, self.acc = self.acc or self._zeros(), None
             return acc
         self._add(incoming, parts or ())
+        if self.buffer is not None:
+            for a, b in zip(incoming, self.buffer):
+                a.add_(b)
+            self.buffer = None
         return incoming
 
 
@@ -198,139 +216,215 @@ def head_groups(h: int, hk: int, chunks: int):
     return [(slice(j * hc * g, (j + 1) * hc * g), slice(j * hc, (j + 1) * hc)) for j in range(chunks)]
 
 
-# Sub-blocks per ring step (one poll after each): enough that a transfer posted by a neighbour
-# that is a little behind still finds a poll or two before the compute ends.
+def ring_passes(h: int, hk: int, c: int, per: int, head_chunks: int, seq_chunks: int):
+    """The ring passes, in order: (query head slice, KV head slice, key token spans) for each of
+    ``head_chunks`` groups of whole KV heads times ``seq_chunks`` segments. Segment j is the same
+    near-equal j-th part of each of the rank's ``per`` chunks of ``c`` tokens (one span per chunk;
+    the whole block as one span when there is one segment): the same token ranges on every rank,
+    so messages match in size, and under causal zigzag every pass keeps the layout's balance (a
+    segment of a rank's early chunk is seen by more ranks' queries, that of its late chunk by
+    fewer; together the same work on every rank at every step)."""
+    if seq_chunks == 1:
+        segments = [((0, per * c),)]
+    else:
+        segments = [tuple((i * c + c * j // seq_chunks, i * c + c * (j + 1) // seq_chunks)
+                          for i in range(per)) for j in range(seq_chunks)]
+    return [(qh, kh, spans) for qh, kh in head_groups(h, hk, head_chunks) for spans in segments]
+
+
+# Poll points per ring step of the whole block (one after each kernel call): enough that a
+# transfer posted by a neighbour that is a little behind still finds a poll or two before the
+# compute ends. A pass over 1/P of the block gets max(2, SUBBLOCKS / P) per step.
 SUBBLOCKS = 8
 
+# Backward kernel calls take at most this share of the rank's query rows x query heads: torch's CPU
+# flash backward copies its strided q, dout and out views and writes dq, about five times the
+# rows it is given, all alive at once (1/32 of the rank's q: ~0.15 of a q-sized tensor).
+BACKWARD_ROW_SHARE = 1 / 32
+MIN_ROWS = 128
 
-def _bounds(lo: int, hi: int, parts: int, done: Callable[[], bool]):
+
+def _bounds(lo: int, hi: int, parts: int, done: Callable[[], bool], cap: int | None = None):
     """[a, b) pieces of [lo, hi): ``parts`` equal ones while ``done()`` is false (the step's
     transfer is still in flight and needs poll points between kernel calls), then the rest in
-    one piece (fewer, larger kernel calls: each call has a fixed cost)."""
+    one piece (fewer, larger kernel calls: each call has a fixed cost); with ``cap``, no piece is
+    longer than ``cap``."""
     n = hi - lo
     p = max(1, min(parts, n))
     a, i = lo, 0
     while a < hi:
-        b = hi if done() else lo + n * (i + 1) // p
+        end = hi if done() else lo + n * (i + 1) // p
+        b = end if cap is None else min(end, a + cap)
         yield a, b
-        a, i = b, i + 1
+        a, i = b, i + (b == end)
 
 
-def _row_pieces(call, c: int, parts: int, done: Callable[[], bool]):
-    """Split a call into pieces of query rows (see :func:`_bounds`): (first part of its rows,
-    rows, keys, causal), token slices. A causal call is the diagonal block (plan_ring: same chunks
-    for queries and keys), so a piece of rows [a, b) is the keys before it (full) and its own
-    square triangle (causal, top-left aligned as the kernels define it)."""
-    r0, r1, k0, k1 = call.q0 * c, call.q1 * c, call.k0 * c, call.k1 * c
-    for a, b in _bounds(r0, r1, parts, done):
-        if not call.causal:
-            yield True, slice(a, b), slice(k0, k1), False
+def _tiles(call, c: int, spans, parts: int, done: Callable[[], bool], cap: int | None = None):
+    """Cut ``call`` (local query chunks x key chunks, ``c`` tokens per chunk), restricted to the
+    pass's local key ``spans``, into kernel calls over pieces of query rows (see
+    :func:`_bounds`): (first, rows, span index, keys relative to the span's start, causal).
+    ``first`` marks the first call of its rows within this call. A causal call is the diagonal
+    block (plan_ring: the same chunks for queries and keys); restricted to keys [x, y) its rows
+    [x, y) see the square triangle (causal, top-left aligned as the kernels define it) after the
+    keys before them, rows from y on see all of [x, y), and rows before x none."""
+    r0, r1 = call.q0 * c, call.q1 * c
+    lead = True
+    for i, (s0, s1) in enumerate(spans):
+        x, y = max(call.k0 * c, s0), min(call.k1 * c, s1)
+        if x >= y:
             continue
-        if a > r0:
-            yield True, slice(a, b), slice(k0, k0 + a - r0), False
-        yield a == r0, slice(a, b), slice(k0 + a - r0, k0 + b - r0), True
+        if not call.causal:
+            for a, b in _bounds(r0, r1, parts, done, cap):
+                yield lead, slice(a, b), i, slice(x - s0, y - s0), False
+        else:
+            for lo, hi in _bounds(x, r1, parts, done, cap):
+                for a, b in ((lo, min(hi, y)), (max(lo, y), hi)):  # in the triangle, below it
+                    if a >= b:
+                        continue
+                    if a >= y:  # below the triangle: every key of the span
+                        yield lead, slice(a, b), i, slice(x - s0, y - s0), False
+                        continue
+                    if a > x:
+                        yield lead, slice(a, b), i, slice(x - s0, a - s0), False
+                    yield lead and a == x, slice(a, b), i, slice(a - s0, b - s0), True
+        lead = False
 
 
-def _col_pieces(call, c: int, parts: int, done: Callable[[], bool]):
-    """Split a non-causal call into pieces of key columns (disjoint dK/dV; see :func:`_bounds`):
-    (rows, keys)."""
-    rows = slice(call.q0 * c, call.q1 * c)
-    for a, b in _bounds(call.k0 * c, call.k1 * c, parts, done):
-        yield rows, slice(a, b)
+class _Pack:
+    """One pass's K/V pieces (one per span) in one flat buffer, so a hop is one message: K of
+    span 0, 1, ..., then V of span 0, 1, ..., each a contiguous (b, span, KV heads, d) view; the
+    pass's dK/dV accumulators use the same layout in the accumulation dtype."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, spans, heads: slice):
+        self.spans, self.heads = spans, heads
+        b, _, _, dk = k.shape
+        span, hk = spans[0][1] - spans[0][0], heads.stop - heads.start
+        self.shapes = [(b, span, hk, dk)] * len(spans) + [(b, span, hk, v.shape[3])] * len(spans)
+        self.numel = sum(math.prod(shape) for shape in self.shapes)
+
+    def views(self, buf: torch.Tensor) -> list[torch.Tensor]:
+        out, at = [], 0
+        for shape in self.shapes:
+            n = math.prod(shape)
+            out.append(buf[at:at + n].view(shape))
+            at += n
+        return out
+
+    def pieces(self, k: torch.Tensor, v: torch.Tensor) -> list[torch.Tensor]:
+        """The pieces as views of ``k`` and ``v`` (strided)."""
+        return [t[:, s0:s1, self.heads] for t in (k, v) for s0, s1 in self.spans]
+
+    def moving(self, k: torch.Tensor, v: torch.Tensor, size: int) -> tuple[torch.Tensor, ...]:
+        """What the ring passes on: the pieces packed in one buffer, or on one rank (nothing
+        travels) the views themselves, no copy."""
+        if size == 1:
+            return tuple(self.pieces(k, v))
+        buf = torch.empty(self.numel, dtype=k.dtype, device=k.device)
+        for view, piece in zip(self.views(buf), self.pieces(k, v)):
+            view.copy_(piece)
+        return (buf,)
+
+    def like(self, k: torch.Tensor, size: int) -> list[tuple]:
+        """(shape, dtype, device) of each tensor :meth:`moving` returns."""
+        shapes = [(self.numel,)] if size > 1 else self.shapes
+        return [(torch.Size(shape), k.dtype, k.device) for shape in shapes]
+
+    def kv(self, held: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The K pieces then the V pieces of what :meth:`moving` made (or its accumulators)."""
+        return self.views(held[0]) if len(held) == 1 else list(held)
 
 
 class RingAttention(torch.autograd.Function):
-    """Blockwise ring attention. The ring runs once per head group (``chunks`` groups of whole KV
-    heads, one after the other): every in-flight buffer is 1/chunks of the rank's K/V, at the
-    price of ``chunks`` times the messages (each 1/chunks the size). Inside a step the block is
-    computed one KV head (with its query heads) at a time, polling the transfers in between."""
+    """Blockwise ring attention. The ring runs once per pass (:func:`ring_passes`: a group of
+    whole KV heads x a segment of the key tokens, one after the other): every in-flight buffer is
+    1/(head_chunks x seq_chunks) of the rank's K/V, at the price of that many times the messages
+    (each as much smaller). Inside a step the block is computed one KV head (with its query
+    heads) and one piece of query rows at a time, polling the transfers in between."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, group, plan, chunks):
+    def forward(ctx, q, k, v, causal, scale, group, plan, chunks, seq_chunks=1):
         ops = block_ops(q.device, q.dtype)
-        c = q.shape[1] // plan.steps[0].calls[0].q1  # tokens per chunk
+        per = plan.steps[0].calls[0].q1  # chunks per rank
+        c = q.shape[1] // per  # tokens per chunk
         acc_dtype = _acc_dtype(q.dtype)
         b, sl, h, _ = q.shape
         out_acc = _bhsd(torch.empty(b, sl, h, v.shape[3], dtype=acc_dtype, device=q.device))
         lse_acc = torch.empty(b, h, sl, dtype=acc_dtype, device=q.device)
-        for qh, kh in head_groups(h, k.shape[2], chunks):
+        for qh, kh, spans in ring_passes(h, k.shape[2], c, per, chunks, seq_chunks):
             qt, out_g, lse_g = _bhsd(q)[:, qh], out_acc[:, qh], lse_acc[:, qh]
             subs = head_groups(qt.shape[1], kh.stop - kh.start, kh.stop - kh.start)
-            pieces = -(-SUBBLOCKS // len(subs))
+            pieces = max(2, -(-SUBBLOCKS // (len(subs) * seq_chunks)))
+            assign = spans[0][0] == 0  # the first segment's step 0 reaches every row first
+            pack = _Pack(k, v, spans, kh)
+            n = len(spans)
 
             def compute(step, cur, poll, qt=qt, out_g=out_g, lse_g=lse_g, subs=subs,
-                        pieces=pieces):
-                kt, vt = _bhsd(cur[0]), _bhsd(cur[1])
+                        pieces=pieces, spans=spans, assign=assign, pack=pack, n=n):
+                kv = [_bhsd(t) for t in pack.kv(cur)]
                 for call in step.calls:
                     for sq, sk in subs:
-                        for first, rows, cols, causal in _row_pieces(call, c, pieces, poll.done):
-                            o, lse = ops.forward(qt[:, sq, rows], kt[:, sk, cols],
-                                                 vt[:, sk, cols], causal, scale)
-                            if step.index == 0 and first:  # step 0 covers every row once
+                        for first, rows, i, cols, causal in _tiles(call, c, spans, pieces,
+                                                                   poll.done):
+                            o, lse = ops.forward(qt[:, sq, rows], kv[i][:, sk, cols],
+                                                 kv[n + i][:, sk, cols], causal, scale)
+                            if assign and step.index == 0 and first:
                                 out_g[:, sq, rows].copy_(o)
                                 lse_g[:, sq, rows].copy_(lse)
                             else:
                                 merge_(out_g[:, sq, rows], lse_g[:, sq, rows], o, lse)
                             poll()
 
-            ring_loop(plan, group, (k[:, :, kh], v[:, :, kh]), compute)
+            ring_loop(plan, group, pack.moving(k, v, plan.size), compute)
         out = out_acc.to(q.dtype)  # (b, h, s, d) view of (b, s, h, d) memory
         ctx.save_for_backward(q, k, v, out, lse_acc)
-        ctx.args = (scale, group, plan, c, chunks)
+        ctx.args = (scale, group, plan, per, c, chunks, seq_chunks)
         ctx.mark_non_differentiable(lse_acc)
         return _bhsd(out), lse_acc
 
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        scale, group, plan, c, chunks = ctx.args
+        scale, group, plan, per, c, chunks, seq_chunks = ctx.args
         ops = block_ops(q.device, q.dtype)
-        dq_acc = torch.empty(q.shape, dtype=_acc_dtype(q.dtype), device=q.device)
-        # one head group: the ring's accumulators are the gradients (no copy)
-        dk_acc = torch.empty_like(k) if chunks > 1 else None
-        dv_acc = torch.empty_like(v) if chunks > 1 else None
-        for qh, kh in head_groups(q.shape[2], k.shape[2], chunks):
+        b, sl, h, _ = q.shape
+        dq_acc = torch.zeros(q.shape, dtype=_acc_dtype(q.dtype), device=q.device)
+        dk_acc = dv_acc = None
+        for qh, kh, spans in ring_passes(h, k.shape[2], c, per, chunks, seq_chunks):
             qt, dot, out_g, lse_g = _bhsd(q)[:, qh], _bhsd(dout)[:, qh], out[:, qh], lse[:, qh]
             dq_g = _bhsd(dq_acc)[:, qh]
             subs = head_groups(qt.shape[1], kh.stop - kh.start, kh.stop - kh.start)
-            pieces = -(-SUBBLOCKS // len(subs))
-            moving = (k[:, :, kh], v[:, :, kh])
-            carry = _CarryKV(moving)
+            pieces = max(2, -(-SUBBLOCKS // (len(subs) * seq_chunks)))
+            cap = max(MIN_ROWS, int(sl * h * BACKWARD_ROW_SHARE) // (h // k.shape[2]))
+            pack = _Pack(k, v, spans, kh)
+            carry = _CarryKV(pack.like(k, plan.size), pack.kv)
+            n = len(spans)
 
-            def block(sq, sk, rows, cols, causal, kt, vt, qt=qt, dot=dot, out_g=out_g,
-                      lse_g=lse_g):
-                return ops.backward(dot[:, sq, rows], qt[:, sq, rows], kt[:, sk, cols],
-                                    vt[:, sk, cols], out_g[:, sq, rows], lse_g[:, sq, rows],
-                                    causal, scale)
-
-            def compute(step, cur, poll, dq_g=dq_g, subs=subs, pieces=pieces, carry=carry,
-                        block=block):
-                kt, vt = _bhsd(cur[0]), _bhsd(cur[1])
-                parts = []
+            def compute(step, cur, poll, qt=qt, dot=dot, out_g=out_g, lse_g=lse_g, dq_g=dq_g,
+                        subs=subs, pieces=pieces, cap=cap, spans=spans, carry=carry, pack=pack,
+                        n=n):
+                kv = [_bhsd(t) for t in pack.kv(cur)]
+                add = carry.own if step.index == 0 else carry.held
                 for call in step.calls:
                     for sq, sk in subs:
-                        if step.index == 0:  # the own block, by rows: dK/dV add up at home
-                            for first, rows, cols, causal in _row_pieces(call, c, pieces,
-                                                                         poll.done):
-                                dq, dk, dv = block(sq, sk, rows, cols, causal, kt, vt)
-                                (dq_g[:, sq, rows].copy_ if first else dq_g[:, sq, rows].add_)(dq)
-                                carry.own(cols.start, cols.stop, sk, dk, dv)
-                                poll()
-                            continue
-                        for rows, cols in _col_pieces(call, c, pieces, poll.done):  # disjoint dK/dV
-                            dq, dk, dv = block(sq, sk, rows, cols, False, kt, vt)
+                        for _, rows, i, cols, causal in _tiles(call, c, spans, pieces,
+                                                               poll.done, cap):
+                            dq, dk, dv = ops.backward(
+                                dot[:, sq, rows], qt[:, sq, rows], kv[i][:, sk, cols],
+                                kv[n + i][:, sk, cols], out_g[:, sq, rows], lse_g[:, sq, rows],
+                                causal, scale)
                             dq_g[:, sq, rows].add_(dq)
-                            parts.append((cols.start, cols.stop, sk, dk, dv))
+                            add(i, cols.start, cols.stop, sk, dk, dv)
                             poll()
-                return parts
 
-            dk, dv = ring_loop(plan, group, moving, compute, carry)
+            grads = pack.kv(ring_loop(plan, group, pack.moving(k, v, plan.size), compute, carry))
+            if chunks * seq_chunks == 1 and n == 1:  # one pass over one span: the gradients
+                dk_acc, dv_acc = grads[0].to(k.dtype), grads[1].to(v.dtype)
+                continue
             if dk_acc is None:
-                dk_acc, dv_acc = dk.to(k.dtype), dv.to(v.dtype)
-            else:
-                dk_acc[:, :, kh].copy_(dk)
-                dv_acc[:, :, kh].copy_(dv)
-        return dq_acc.to(q.dtype), dk_acc, dv_acc, None, None, None, None, None
+                dk_acc, dv_acc = torch.empty_like(k), torch.empty_like(v)
+            for target, piece in zip(pack.pieces(dk_acc, dv_acc), grads):
+                target.copy_(piece)
+        return dq_acc.to(q.dtype), dk_acc, dv_acc, None, None, None, None, None, None
 
 
 # ----- RSA: the paper's two ring passes over materialized score rows -------------------------
@@ -341,7 +435,7 @@ class RSAAttention(torch.autograd.Function):
     from the stored probabilities, dK/dV accumulators traveling home)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, group, plan, chunks=1):
+    def forward(ctx, q, k, v, causal, scale, group, plan, chunks=1, seq_chunks=1):
         b, sl, h, d = q.shape
         hk = k.shape[2]
         g = h // hk
@@ -396,7 +490,7 @@ class RSAAttention(torch.autograd.Function):
         heads = head_groups(h, k.shape[2], k.shape[2])
         state = {"dq": torch.empty(b, h, sl, d, dtype=p.dtype, device=q.device)}
 
-        carry = _CarryKV((k, v))
+        carry = _CarryKV([(t.shape, t.dtype, t.device) for t in (k, v)])
 
         def compute(step, cur, poll):
             kt, vt = _bhsd(cur[0]), _bhsd(cur[1])
@@ -406,13 +500,13 @@ class RSAAttention(torch.autograd.Function):
                                                qt[:, sq], kt[:, sk], vt[:, sk], delta[:, sq], scale)
                 if step.index == 0:
                     state["dq"][:, sq].copy_(dq)
-                    carry.own(0, sl, sk, dk, dv)
+                    carry.own(0, 0, sl, sk, dk, dv)
                 else:
                     state["dq"][:, sq].add_(dq)
-                    parts.append((0, sl, sk, dk, dv))
+                    parts.append((0, 0, sl, sk, dk, dv))
                 poll()
             return parts
 
         dk, dv = ring_loop(plan, group, (k, v), compute, carry)
         return (_bhsd(state["dq"]).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
-                None, None, None, None, None)
+                None, None, None, None, None, None)

@@ -29,7 +29,7 @@ from ._plan import plan_ring
 from ._ring import RingAttention, RSAAttention
 
 __all__ = ["ring_attention", "ulysses_attention", "shard_sequence", "unshard_sequence",
-           "ALGORITHMS", "default_head_chunks"]
+           "ALGORITHMS", "default_head_chunks", "default_seq_chunks"]
 
 # algorithm= of ring_attention: the autograd function that runs it
 ALGORITHMS = {"ring": RingAttention, "rsa": RSAAttention}
@@ -124,15 +124,32 @@ def _divisible(fn: str, arg: str, shape, dim: int, length: int, parts: int, why:
 
 def default_head_chunks(kv_heads: int, size: int) -> int:
     """One KV head per group on a ring (``kv_heads``; 1 when size is 1): the ring's buffers are
-    then 1/kv_heads of the rank's K/V (peak memory per rank closest to 1/N of one process), while
-    each step still computes for milliseconds, far above its fixed cost of well under one."""
+    then 1/kv_heads of the rank's K/V, while each step still computes for milliseconds, far above
+    its fixed cost of well under one."""
     return 1 if size == 1 else kv_heads
+
+
+# Ring passes (head groups x key segments) the default aims at, and the shortest key segment it
+# cuts: the backward keeps about ten pass-sized buffers alive (the block held, the next one, the
+# outgoing and incoming dK/dV accumulators, this step's share of them), so 32 passes hold ~0.3
+# of one q-sized tensor in flight, next to the eight (q, k, v, out, their gradients) every rank
+# keeps; segments below 128 tokens would make the kernel calls and messages too small to pay.
+RING_PASSES, MIN_SEGMENT = 32, 128
+
+
+def default_seq_chunks(head_chunks: int, seq_local: int, size: int) -> int:
+    """Key segments per head group: enough for ``RING_PASSES`` passes in all, each segment at
+    least ``MIN_SEGMENT`` tokens of the rank's ``seq_local`` (1 when size is 1: nothing travels)."""
+    if size == 1:
+        return 1
+    return max(1, min(-(-RING_PASSES // head_chunks), seq_local // MIN_SEGMENT))
 
 
 # ----- ring attention ----------------------------------------------------------------------------
 def ring_attention(q, k, v, *, causal: bool = False, group=None, layout: str = "zigzag",
                    softmax_scale: float | None = None, return_lse: bool = False,
-                   algorithm: str = "ring", head_chunks: int | None = None):
+                   algorithm: str = "ring", head_chunks: int | None = None,
+                   seq_chunks: int | None = None):
     """Exact attention of this rank's queries over the whole sequence, K/V passed around a ring.
 
     Args:
@@ -150,8 +167,13 @@ def ring_attention(q, k, v, *, causal: bool = False, group=None, layout: str = "
         head_chunks: ``"ring"`` only: run the ring once per group of KV heads, ``head_chunks``
             groups (must divide the KV head count): in-flight buffers shrink to 1/head_chunks,
             messages multiply by head_chunks. Default: the KV head count (one KV head per ring
-            pass; 1 on one rank), so the ring's buffers stay a small fraction of the rank's own
-            tensors (peak memory per rank near 1/N of one process).
+            pass; 1 on one rank).
+        seq_chunks: ``"ring"`` only: also cut each head group's keys into this many segments,
+            one ring pass each; segment j is the j-th near-equal part of each of the rank's layout
+            chunks (1 to the tokens of a chunk; zigzag's balance holds in every pass). Default
+            (:func:`default_seq_chunks`): 32 passes in all with segments of at least 128 tokens
+            (1 on one rank), so the ring's buffers stay a small fraction of the rank's own
+            tensors and peak memory per rank stays near 1/N of one process.
 
     Returns:
         ``out`` shaped like q (and ``lse``): this rank's rows of the full-sequence attention.
@@ -176,10 +198,19 @@ def ring_attention(q, k, v, *, causal: bool = False, group=None, layout: str = "
             raise arg_error(fn, "head_chunks", head_chunks,
                             f"must be a positive divisor of the {hk} KV heads (and 1 for rsa)",
                             "pass None for the default, or 1")
+        sl, c = q.shape[1], q.shape[1] // per
+        if seq_chunks is None:
+            seq_chunks = default_seq_chunks(head_chunks, sl, size) if algorithm == "ring" else 1
+        if isinstance(seq_chunks, bool) or not isinstance(seq_chunks, int) or seq_chunks < 1 \
+                or seq_chunks > c or (algorithm != "ring" and seq_chunks != 1):
+            raise arg_error(fn, "seq_chunks", seq_chunks,
+                            f"must be an int from 1 to the {c} tokens of a layout chunk (and 1 "
+                            "for rsa)", "pass None for the default, or 1")
         call.update(_shapes(q=q, k=k, v=v), causal=causal, layout=layout, algorithm=algorithm,
-                    scale=scale, head_chunks=head_chunks)
+                    scale=scale, head_chunks=head_chunks, seq_chunks=seq_chunks)
     plan = plan_ring(rank, size, causal, layout)
-    out, lse = ALGORITHMS[algorithm].apply(q, k, v, causal, scale, group, plan, head_chunks)
+    out, lse = ALGORITHMS[algorithm].apply(q, k, v, causal, scale, group, plan, head_chunks,
+                                           seq_chunks)
     return (out, lse) if return_lse else out
 
 

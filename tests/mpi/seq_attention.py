@@ -101,7 +101,7 @@ class Count:
 
 
 def run_ring(algorithm, layout, causal, h, hk, chunk, seed, d=8, b=2, dtype=torch.float32,
-             rtol=RTOL, head_chunks=None):
+             rtol=RTOL, head_chunks=None, seq_chunks=None):
     _, n = world()
     per = 1 if layout == "contiguous" else 2
     s = chunk * per * n
@@ -110,7 +110,8 @@ def run_ring(algorithm, layout, causal, h, hk, chunk, seed, d=8, b=2, dtype=torc
     ql, kl, vl = (local(t, layout).to(dtype).requires_grad_() for t in (q, k, v))
     with Count() as fwd:
         o, lse_got = F.ring_attention(ql, kl, vl, causal=causal, layout=layout, return_lse=True,
-                                algorithm=algorithm, head_chunks=head_chunks)
+                                algorithm=algorithm, head_chunks=head_chunks,
+                                seq_chunks=seq_chunks)
     with Count() as bwd:
         o.backward(local(do, layout).to(dtype))
     what = f"{algorithm} {layout} causal={causal} h={h}/{hk} s={s}"
@@ -121,18 +122,24 @@ def run_ring(algorithm, layout, causal, h, hk, chunk, seed, d=8, b=2, dtype=torc
         close(f"{name} {what}", got.float(), local(want, layout), rtol)
     # messages: K and V hop N-1 times forward (twice over for rsa: K pass, V pass); backward
     # K/V hop N-1 times and the (dK, dV) accumulators N times, in N+1 batches; all of it once
-    # per head group (documented default: one group per KV head, 1 if N = 1).
+    # per ring pass (documented default: one head group per KV head times key segments of at
+    # least 128 tokens up to 32 passes in all; 1 if N = 1).
+    ring = algorithm == "ring" and n > 1
     if head_chunks is None:
-        head_chunks = hk if algorithm == "ring" and n > 1 else 1
-    passes = 2 if algorithm == "rsa" else head_chunks
+        head_chunks = hk if ring else 1
+    if seq_chunks is None:
+        seq_chunks = max(1, min(-(-32 // head_chunks), per * chunk // 128)) if ring else 1
+    # The ring packs a pass's K and V (and its dK and dV) in one message; rsa sends each alone.
+    passes = 2 if algorithm == "rsa" else head_chunks * seq_chunks
     if n == 1:
         assert (fwd.batches, bwd.batches, fwd.sends + bwd.sends) == (0, 0, 0)
     else:
-        per_hop = 1 if algorithm == "rsa" else 2
         assert (fwd.batches, fwd.sends, fwd.recvs) == \
-            (passes * (n - 1), passes * per_hop * (n - 1), passes * per_hop * (n - 1)), vars(fwd)
-        hops = head_chunks * (2 * (n - 1) + 2 * n)
-        assert (bwd.batches, bwd.sends, bwd.recvs) == (head_chunks * (n + 1), hops, hops), vars(bwd)
+            (passes * (n - 1), passes * (n - 1), passes * (n - 1)), vars(fwd)
+        passes = head_chunks * seq_chunks  # rsa's backward is one pass
+        per_hop = 2 if algorithm == "rsa" else 1
+        hops = passes * per_hop * ((n - 1) + n)
+        assert (bwd.batches, bwd.sends, bwd.recvs) == (passes * (n + 1), hops, hops), vars(bwd)
 
 
 # ----- cases -------------------------------------------------------------------------------------
@@ -151,6 +158,17 @@ def case_ring_odd_lengths():
     run_ring("ring", "contiguous", False, 3, 3, chunk=37, seed=102)
     run_ring("ring", "zigzag", True, 8, 4, chunk=6, seed=103, head_chunks=4)
     run_ring("ring", "zigzag", False, 8, 4, chunk=6, seed=104, head_chunks=1)
+    # key segments: uneven (chunks of 13 tokens in 3 and 4), down to one token each
+    run_ring("ring", "zigzag", True, 4, 2, chunk=13, seed=105, seq_chunks=3)
+    run_ring("ring", "contiguous", False, 4, 2, chunk=13, seed=106, head_chunks=1, seq_chunks=4)
+    run_ring("ring", "zigzag", True, 2, 1, chunk=3, seed=107, seq_chunks=3)
+
+
+def case_default_segments():
+    """Long enough for the default to cut the keys into segments (256 tokens per rank: 2 of 128
+    tokens per head group); gradients exact, message counts per pass."""
+    run_ring("ring", "zigzag", True, 4, 4, chunk=128, seed=108, d=4, b=1)
+    run_ring("ring", "contiguous", False, 2, 1, chunk=256, seed=109, d=4, b=1)
 
 
 def case_low_precision():
@@ -264,6 +282,12 @@ def case_errors():
     expect_error(lambda: F.ring_attention(q, q, q, layout="stripes"), "layout", "stripes")
     expect_error(lambda: F.ring_attention(q, q[:, :, :3], q[:, :, :3], layout="contiguous"),
                  "multiple of the 3 KV heads")
+    q4 = torch.randn(1, 4, 4, 8)
+    for bad in (0, 3, 2.0, True):
+        expect_error(lambda bad=bad: F.ring_attention(q4, q4, q4, seq_chunks=bad), "seq_chunks",
+                     repr(bad), "from 1 to the 2 tokens of a layout chunk")
+    expect_error(lambda: F.ring_attention(q4, q4, q4, algorithm="rsa", seq_chunks=2),
+                 "seq_chunks", "1 for rsa")
     if n > 1:
         qh = torch.randn(1, 4, n + 1, 8)
         expect_error(lambda: F.ulysses_attention(qh, qh, qh), "ulysses_attention",
