@@ -144,20 +144,32 @@ def parallel(args, algorithm: str, local):
 
 def comm_alone(args, algorithm: str, local) -> float:
     """The transfers of one forward+backward with no compute in between: the ring's K/V hops
-    (twice for rsa's K then V passes) and the backward's K/V and (dK, dV) hops."""
+    (twice for rsa's K then V passes) and the backward's K/V and (dK, dV) hops, pass by pass as
+    the ring sends them (its head groups x key segments, each pass's K/V packed in one message)."""
     from commlib.nn._plan import plan_ring
 
-    plan = plan_ring(commlib.get_rank(), commlib.get_world_size(), args.causal, args.layout)
+    n = commlib.get_world_size()
+    plan = plan_ring(commlib.get_rank(), n, args.causal, args.layout)
     _, k, v, _ = local
     commlib.barrier()
     t0 = time.perf_counter()
     if algorithm == "rsa":
         _ring.ring_loop(plan, None, (k,), lambda s, c, p: None)
         _ring.ring_loop(plan, None, (v,), lambda s, c, p: None)
-    else:
-        _ring.ring_loop(plan, None, (k, v), lambda s, c, p: None)
-    _ring.ring_loop(plan, None, (k, v), lambda s, c, p: [],
-                    lambda parts, inc: inc if inc is not None else (k.clone(), v.clone()))
+        _ring.ring_loop(plan, None, (k, v), lambda s, c, p: [],
+                        lambda parts, inc: inc if inc is not None else (k.clone(), v.clone()))
+        return time.perf_counter() - t0
+    hk = k.shape[2]
+    per = 2 if args.layout == "zigzag" else 1
+    c = k.shape[1] // per
+    hc = args.head_chunks or F.default_head_chunks(hk, n)
+    sc = args.seq_chunks or F.default_seq_chunks(hc, c, n)
+    for _, kh, spans in _ring.ring_passes(hk, hk, c, per, hc, sc):
+        pack = _ring._Pack(k, v, spans, kh)
+        _ring.ring_loop(plan, None, pack.moving(k, v, n), lambda s, c, p: None)
+        acc = pack.moving(k, v, n)
+        _ring.ring_loop(plan, None, pack.moving(k, v, n), lambda s, c, p: [],
+                        lambda parts, inc, acc=acc: inc if inc is not None else acc)
     return time.perf_counter() - t0
 
 

@@ -121,6 +121,20 @@ def _positions(rank, n, c):
                       torch.arange((2 * n - 1 - rank) * c, (2 * n - rank) * c)])
 
 
+def test_default_seq_chunks():
+    """Key segments by default: none on one rank or below 1024 tokens per chunk (segments of at
+    least 512), then up to 32 passes in all (head groups x segments)."""
+    from commlib.nn.functional import default_seq_chunks
+
+    assert default_seq_chunks(8, 4096, 1) == 1
+    assert default_seq_chunks(8, 1023, 2) == 1
+    assert default_seq_chunks(8, 1024, 2) == 2
+    assert default_seq_chunks(8, 4096, 4) == 4  # 8 heads x 4 = 32 passes
+    assert default_seq_chunks(1, 4096, 4) == 8  # 512-token segments first
+    assert default_seq_chunks(1, 65536, 4) == 32
+    assert default_seq_chunks(64, 65536, 8) == 1
+
+
 def test_plan_is_printable():
     text = str(plan_ring(1, 3, True, "zigzag"))
     assert "step 0: block of rank 1: q[0:2]xk[0:2] causal" in text

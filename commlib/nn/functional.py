@@ -129,20 +129,24 @@ def default_head_chunks(kv_heads: int, size: int) -> int:
     return 1 if size == 1 else kv_heads
 
 
-# Ring passes (head groups x key segments) the default aims at, and the shortest key segment it
-# cuts: the backward keeps about ten pass-sized buffers alive (the block held, the next one, the
-# outgoing and incoming dK/dV accumulators, this step's share of them), so 32 passes hold ~0.3
-# of one q-sized tensor in flight, next to the eight (q, k, v, out, their gradients) every rank
-# keeps; segments below 128 tokens would make the kernel calls and messages too small to pay.
-RING_PASSES, MIN_SEGMENT = 32, 128
+# Ring passes (head groups x key segments) the default aims at, and the fewest tokens a segment
+# takes of each layout chunk. The backward keeps about ten pass-sized buffers alive (the block
+# held, the next one, the outgoing and incoming dK/dV accumulators, this step's share of them), so
+# 32 passes hold ~0.3 of one q-sized tensor in flight, next to the eight (q, k, v, out, their
+# gradients) every rank keeps. But every pass adds kernel calls (each merging or adding its rows'
+# results) and ring steps (each a synchronization of neighbours): measured at 2 ranks, segments
+# of 256 tokens per chunk cost 10% of the time, 512 about 5%. Segments start where memory starts
+# to matter: long sequences.
+RING_PASSES, MIN_SEGMENT = 32, 512
 
 
-def default_seq_chunks(head_chunks: int, seq_local: int, size: int) -> int:
-    """Key segments per head group: enough for ``RING_PASSES`` passes in all, each segment at
-    least ``MIN_SEGMENT`` tokens of the rank's ``seq_local`` (1 when size is 1: nothing travels)."""
+def default_seq_chunks(head_chunks: int, chunk: int, size: int) -> int:
+    """Key segments per head group: enough for ``RING_PASSES`` passes in all, each taking at least
+    ``MIN_SEGMENT`` of the ``chunk`` tokens of every layout chunk (1 when size is 1: nothing
+    travels)."""
     if size == 1:
         return 1
-    return max(1, min(-(-RING_PASSES // head_chunks), seq_local // MIN_SEGMENT))
+    return max(1, min(-(-RING_PASSES // head_chunks), chunk // MIN_SEGMENT))
 
 
 # ----- ring attention ----------------------------------------------------------------------------
@@ -171,9 +175,10 @@ def ring_attention(q, k, v, *, causal: bool = False, group=None, layout: str = "
         seq_chunks: ``"ring"`` only: also cut each head group's keys into this many segments,
             one ring pass each; segment j is the j-th near-equal part of each of the rank's layout
             chunks (1 to the tokens of a chunk; zigzag's balance holds in every pass). Default
-            (:func:`default_seq_chunks`): 32 passes in all with segments of at least 128 tokens
-            (1 on one rank), so the ring's buffers stay a small fraction of the rank's own
-            tensors and peak memory per rank stays near 1/N of one process.
+            (:func:`default_seq_chunks`): up to 32 passes in all, each segment at least 512 tokens
+            of every chunk (1 on one rank): on long sequences the ring's buffers stay a small
+            fraction of the rank's own tensors, so peak memory per rank stays near 1/N of one
+            process.
 
     Returns:
         ``out`` shaped like q (and ``lse``): this rank's rows of the full-sequence attention.
@@ -198,9 +203,9 @@ def ring_attention(q, k, v, *, causal: bool = False, group=None, layout: str = "
             raise arg_error(fn, "head_chunks", head_chunks,
                             f"must be a positive divisor of the {hk} KV heads (and 1 for rsa)",
                             "pass None for the default, or 1")
-        sl, c = q.shape[1], q.shape[1] // per
+        c = q.shape[1] // per  # tokens per layout chunk
         if seq_chunks is None:
-            seq_chunks = default_seq_chunks(head_chunks, sl, size) if algorithm == "ring" else 1
+            seq_chunks = default_seq_chunks(head_chunks, c, size) if algorithm == "ring" else 1
         if isinstance(seq_chunks, bool) or not isinstance(seq_chunks, int) or seq_chunks < 1 \
                 or seq_chunks > c or (algorithm != "ring" and seq_chunks != 1):
             raise arg_error(fn, "seq_chunks", seq_chunks,
