@@ -165,10 +165,10 @@ def comm_alone(args, algorithm: str, local) -> float:
     hc = args.head_chunks or F.default_head_chunks(hk, n)
     sc = args.seq_chunks or F.default_seq_chunks(hc, c, n)
     for _, kh, spans in _ring.ring_passes(hk, hk, c, per, hc, sc):
-        pack = _ring._Pack(k, v, spans, kh)
-        _ring.ring_loop(plan, None, pack.moving(k, v, n), lambda s, c, p: None)
-        acc = pack.moving(k, v, n)
-        _ring.ring_loop(plan, None, pack.moving(k, v, n), lambda s, c, p: [],
+        pack = _ring._Pack(k, v, spans, kh, n)
+        _ring.ring_loop(plan, None, pack.moving(k, v), lambda s, c, p: None)
+        acc = pack.moving(k, v)
+        _ring.ring_loop(plan, None, pack.moving(k, v), lambda s, c, p: [],
                         lambda parts, inc, acc=acc: inc if inc is not None else acc)
     return time.perf_counter() - t0
 

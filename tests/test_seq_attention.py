@@ -93,18 +93,19 @@ def test_tiles_cover_each_visible_pair_once(segments, cap):
         seen = torch.zeros(n, sl, sl, dtype=torch.int64)  # [source rank, local query, local key]
         firsts = torch.zeros(sl, dtype=torch.int64)
         for _, _, spans in ring_passes(1, 1, c, 2, 1, segments):
+            local_keys = torch.cat([torch.arange(s0, s1) for s0, s1 in spans])
             for step in plan.steps:
                 state = {"polls": 0}
                 for call in step.calls:
-                    for first, rows, i, cols, causal in _tiles(call, c, spans, 3,
-                                                               lambda s=state: s["polls"] > 1, cap):
+                    for first, rows, cols, causal in _tiles(call, c, spans, 3,
+                                                            lambda s=state: s["polls"] > 1, cap):
                         state["polls"] += 1
                         assert cap is None or rows.stop - rows.start <= cap
-                        s0, s1 = spans[i]
-                        keys = slice(s0 + cols.start, s0 + cols.stop)
-                        assert s0 <= keys.start < keys.stop <= s1
-                        block = torch.ones(rows.stop - rows.start, keys.stop - keys.start,
-                                           dtype=torch.int64)
+                        keys = local_keys[cols]  # packed positions -> local tokens
+                        assert bool((keys[1:] - keys[:-1] > 0).all())
+                        if causal:  # a square of consecutive tokens on the diagonal
+                            assert keys.tolist() == list(range(rows.start, rows.stop))
+                        block = torch.ones(rows.stop - rows.start, len(keys), dtype=torch.int64)
                         seen[step.source, rows, keys] += block.tril() if causal else block
                         if step.index == 0 and spans[0][0] == 0 and first:
                             firsts[rows] += 1

@@ -163,46 +163,46 @@ def _bhsd(t: torch.Tensor) -> torch.Tensor:
 
 
 class _CarryKV:
-    """``carry`` for (dK, dV) accumulators shaped like ``like`` (in the accumulation dtype), seen
-    through ``views`` as K pieces then V pieces in the user's (b, s, h_kv, d) layout (default: the
-    tensors themselves, one piece of each). Partial gradients are (piece, first key token, end,
-    KV head slice, dk, dv), the token range relative to the piece and dk/dv in (b, h, s, d) views.
-    Step 0 (the own block) adds them with :meth:`own` straight into fresh zeroed accumulators as
-    the compute produces them; later steps add theirs with :meth:`held` into one zeroed buffer
-    (pieces may overlap) or return them as a list, added once the incoming accumulators arrive."""
+    """``carry`` for (dK, dV) accumulators: tensors of the (shape, dtype, device) in ``like`` (in
+    the accumulation dtype), seen through ``views`` as a (dK, dV) pair in the user's
+    (b, s, h_kv, d) layout (default: the tensors themselves). Partial gradients are (first key
+    token, end, KV head slice, dk, dv), dk/dv in (b, h, s, d) views. Step 0 (the own block) adds
+    them with :meth:`own` straight into fresh zeroed accumulators as the compute produces them;
+    later steps add theirs with :meth:`held` into one zeroed buffer (pieces may overlap) or return
+    them as a list, added once the incoming accumulators arrive."""
 
     def __init__(self, like: Sequence, views: Callable = lambda acc: acc):
-        # (shape, dtype, device) of each tensor of ``like``, not the tensors (a ring's blocks
-        # are freed on the way)
+        # (shape, dtype, device), not tensors: a ring's blocks are freed on the way
         self.like = [(shape, _acc_dtype(dtype), device) for shape, dtype, device in like]
         self.views, self.acc, self.buffer = views, None, None
 
     def _zeros(self):
-        return tuple(torch.zeros(shape, dtype=dtype, device=device)
-                     for shape, dtype, device in self.like)
+        acc = tuple(torch.zeros(shape, dtype=dtype, device=device)
+                    for shape, dtype, device in self.like)
+        return acc, self.views(acc)
 
     def own(self, *part) -> None:
         self.acc = self.acc or self._zeros()
-        self._add(self.acc, (part,))
+        self._add(self.acc[1], (part,))
 
     def held(self, *part) -> None:
         self.buffer = self.buffer or self._zeros()
-        self._add(self.buffer, (part,))
+        self._add(self.buffer[1], (part,))
 
-    def _add(self, acc, parts):
-        views = self.views(acc)
-        n = len(views) // 2
-        for piece, k0, k1, heads, dk, dv in parts:
-            views[piece][:, k0:k1, heads].add_(_bhsd(dk))
-            views[n + piece][:, k0:k1, heads].add_(_bhsd(dv))
+    @staticmethod
+    def _add(views, parts):
+        for k0, k1, heads, dk, dv in parts:
+            views[0][:, k0:k1, heads].add_(_bhsd(dk))
+            views[1][:, k0:k1, heads].add_(_bhsd(dv))
 
     def __call__(self, parts, incoming):
         if incoming is None:
-            acc, self.acc = self.acc or self._zeros(), None
+            acc, self.acc = (self.acc or self._zeros())[0], None
             return acc
-        self._add(incoming, parts or ())
+        if parts:
+            self._add(self.views(incoming), parts)
         if self.buffer is not None:
-            for a, b in zip(incoming, self.buffer):
+            for a, b in zip(incoming, self.buffer[0]):
                 a.add_(b)
             self.buffer = None
         return incoming
@@ -219,11 +219,11 @@ def head_groups(h: int, hk: int, chunks: int):
 def ring_passes(h: int, hk: int, c: int, per: int, head_chunks: int, seq_chunks: int):
     """The ring passes, in order: (query head slice, KV head slice, key token spans) for each of
     ``head_chunks`` groups of whole KV heads times ``seq_chunks`` segments. Segment j is the same
-    near-equal j-th part of each of the rank's ``per`` chunks of ``c`` tokens (one span per chunk;
-    the whole block as one span when there is one segment): the same token ranges on every rank,
-    so messages match in size, and under causal zigzag every pass keeps the layout's balance (a
-    segment of a rank's early chunk is seen by more ranks' queries, that of its late chunk by
-    fewer; together the same work on every rank at every step)."""
+    near-equal j-th part of each of the rank's ``per`` chunks of ``c`` tokens (one span per chunk,
+    all of the same length; the whole block as one span when there is one segment): the same
+    token ranges on every rank, so messages match in size, and under causal zigzag every pass
+    keeps the layout's balance (a segment of a rank's early chunk is seen by more ranks' queries,
+    that of its late chunk by fewer; together the same work on every rank at every step)."""
     if seq_chunks == 1:
         segments = [((0, per * c),)]
     else:
@@ -261,77 +261,87 @@ def _bounds(lo: int, hi: int, parts: int, done: Callable[[], bool], cap: int | N
 
 def _tiles(call, c: int, spans, parts: int, done: Callable[[], bool], cap: int | None = None):
     """Cut ``call`` (local query chunks x key chunks, ``c`` tokens per chunk), restricted to the
-    pass's local key ``spans``, into kernel calls over pieces of query rows (see
-    :func:`_bounds`): (first, rows, span index, keys relative to the span's start, causal).
-    ``first`` marks the first call of its rows within this call. A causal call is the diagonal
-    block (plan_ring: the same chunks for queries and keys); restricted to keys [x, y) its rows
-    [x, y) see the square triangle (causal, top-left aligned as the kernels define it) after the
-    keys before them, rows from y on see all of [x, y), and rows before x none."""
+    pass's key ``spans``, into kernel calls over pieces of query rows (see :func:`_bounds`):
+    (first, rows, keys, causal), keys in *packed* positions: the spans' tokens one after the
+    other, as :class:`_Pack` lays them out. ``first`` marks the first call of its rows within this
+    call. A non-causal call sees whole chunks, so its keys are consecutive in packed positions:
+    one kernel call. A causal call is the diagonal block (plan_ring: the same chunks for queries
+    and keys); restricted to the span [x, y) of a chunk, its rows [x, y) see the square triangle
+    (causal, top-left aligned as the kernels define it) after the span's keys before them, rows
+    from y on see the whole span, and rows before x none."""
     r0, r1 = call.q0 * c, call.q1 * c
+    whole = len(spans) == 1  # the whole block: packed positions are the local tokens
+    span = c if whole else spans[0][1] - spans[0][0]  # packed positions per chunk
+    if not call.causal:
+        for a, b in _bounds(r0, r1, parts, done, cap):
+            yield True, slice(a, b), slice(call.k0 * span, call.k1 * span), False
+        return
     lead = True
     for i, (s0, s1) in enumerate(spans):
         x, y = max(call.k0 * c, s0), min(call.k1 * c, s1)
         if x >= y:
             continue
-        if not call.causal:
-            for a, b in _bounds(r0, r1, parts, done, cap):
-                yield lead, slice(a, b), i, slice(x - s0, y - s0), False
-        else:
-            for lo, hi in _bounds(x, r1, parts, done, cap):
-                for a, b in ((lo, min(hi, y)), (max(lo, y), hi)):  # in the triangle, below it
-                    if a >= b:
-                        continue
-                    if a >= y:  # below the triangle: every key of the span
-                        yield lead, slice(a, b), i, slice(x - s0, y - s0), False
-                        continue
-                    if a > x:
-                        yield lead, slice(a, b), i, slice(x - s0, a - s0), False
-                    yield lead and a == x, slice(a, b), i, slice(a - s0, b - s0), True
+        shift = s0 - (0 if whole else i * span)  # local token - packed position
+        for lo, hi in _bounds(x, r1, parts, done, cap):
+            for a, b in ((lo, min(hi, y)), (max(lo, y), hi)):  # in the triangle, below it
+                if a >= b:
+                    continue
+                if a >= y:  # below the triangle: every key of the span
+                    yield lead, slice(a, b), slice(x - shift, y - shift), False
+                    continue
+                if a > x:
+                    yield lead, slice(a, b), slice(x - shift, a - shift), False
+                yield lead and a == x, slice(a, b), slice(a - shift, b - shift), True
         lead = False
 
 
 class _Pack:
-    """One pass's K/V pieces (one per span) in one flat buffer, so a hop is one message: K of
-    span 0, 1, ..., then V of span 0, 1, ..., each a contiguous (b, span, KV heads, d) view; the
-    pass's dK/dV accumulators use the same layout in the accumulation dtype."""
+    """One pass's K and V in one flat buffer, so a hop is one message: K then V, each a
+    contiguous (b, spans x span length, KV heads, d) tensor holding the spans' tokens one after
+    the other (packed positions); the pass's dK/dV accumulators use the same layout in the
+    accumulation dtype. On one rank with one span nothing travels: K and V are views, no copy."""
 
-    def __init__(self, k: torch.Tensor, v: torch.Tensor, spans, heads: slice):
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, spans, heads: slice, size: int):
         self.spans, self.heads = spans, heads
-        b, _, _, dk = k.shape
-        span, hk = spans[0][1] - spans[0][0], heads.stop - heads.start
-        self.shapes = [(b, span, hk, dk)] * len(spans) + [(b, span, hk, v.shape[3])] * len(spans)
-        self.numel = sum(math.prod(shape) for shape in self.shapes)
+        b, hk = k.shape[0], heads.stop - heads.start
+        packed = sum(s1 - s0 for s0, s1 in spans)
+        self.shapes = [(b, packed, hk, k.shape[3]), (b, packed, hk, v.shape[3])]
+        self.flat = size > 1 or len(spans) > 1
 
-    def views(self, buf: torch.Tensor) -> list[torch.Tensor]:
-        out, at = [], 0
+    def views(self, held: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """(K, V) of what :meth:`moving` made, or of its accumulators."""
+        if not self.flat:
+            return list(held)
+        buf, out, at = held[0], [], 0
         for shape in self.shapes:
             n = math.prod(shape)
             out.append(buf[at:at + n].view(shape))
             at += n
         return out
 
-    def pieces(self, k: torch.Tensor, v: torch.Tensor) -> list[torch.Tensor]:
-        """The pieces as views of ``k`` and ``v`` (strided)."""
-        return [t[:, s0:s1, self.heads] for t in (k, v) for s0, s1 in self.spans]
-
-    def moving(self, k: torch.Tensor, v: torch.Tensor, size: int) -> tuple[torch.Tensor, ...]:
-        """What the ring passes on: the pieces packed in one buffer, or on one rank (nothing
-        travels) the views themselves, no copy."""
-        if size == 1:
-            return tuple(self.pieces(k, v))
-        buf = torch.empty(self.numel, dtype=k.dtype, device=k.device)
-        for view, piece in zip(self.views(buf), self.pieces(k, v)):
-            view.copy_(piece)
-        return (buf,)
-
-    def like(self, k: torch.Tensor, size: int) -> list[tuple]:
+    def like(self, k: torch.Tensor) -> list[tuple]:
         """(shape, dtype, device) of each tensor :meth:`moving` returns."""
-        shapes = [(self.numel,)] if size > 1 else self.shapes
+        shapes = [(sum(math.prod(s) for s in self.shapes),)] if self.flat else self.shapes
         return [(torch.Size(shape), k.dtype, k.device) for shape in shapes]
 
-    def kv(self, held: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """The K pieces then the V pieces of what :meth:`moving` made (or its accumulators)."""
-        return self.views(held[0]) if len(held) == 1 else list(held)
+    def moving(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """What the ring passes on."""
+        if not self.flat:
+            (s0, s1), = self.spans
+            return k[:, s0:s1, self.heads], v[:, s0:s1, self.heads]
+        buf = torch.empty(sum(math.prod(s) for s in self.shapes), dtype=k.dtype, device=k.device)
+        self.unpack_((buf,), k, v, into=True)
+        return (buf,)
+
+    def unpack_(self, held, k: torch.Tensor, v: torch.Tensor, into: bool = False) -> None:
+        """Copy the packed (K, V) of ``held`` to their tokens of ``k`` and ``v`` (``into``: the
+        other way, tokens to the packed buffer)."""
+        for packed, t in zip(self.views(held), (k, v)):
+            at = 0
+            for s0, s1 in self.spans:
+                src, dst = t[:, s0:s1, self.heads], packed[:, at:at + s1 - s0]
+                (dst.copy_(src) if into else src.copy_(dst))
+                at += s1 - s0
 
 
 class RingAttention(torch.autograd.Function):
@@ -355,18 +365,16 @@ class RingAttention(torch.autograd.Function):
             subs = head_groups(qt.shape[1], kh.stop - kh.start, kh.stop - kh.start)
             pieces = max(2, -(-SUBBLOCKS // (len(subs) * seq_chunks)))
             assign = spans[0][0] == 0  # the first segment's step 0 reaches every row first
-            pack = _Pack(k, v, spans, kh)
-            n = len(spans)
+            pack = _Pack(k, v, spans, kh, plan.size)
 
             def compute(step, cur, poll, qt=qt, out_g=out_g, lse_g=lse_g, subs=subs,
-                        pieces=pieces, spans=spans, assign=assign, pack=pack, n=n):
-                kv = [_bhsd(t) for t in pack.kv(cur)]
+                        pieces=pieces, spans=spans, assign=assign, pack=pack):
+                kt, vt = (_bhsd(t) for t in pack.views(cur))
                 for call in step.calls:
                     for sq, sk in subs:
-                        for first, rows, i, cols, causal in _tiles(call, c, spans, pieces,
-                                                                   poll.done):
-                            o, lse = ops.forward(qt[:, sq, rows], kv[i][:, sk, cols],
-                                                 kv[n + i][:, sk, cols], causal, scale)
+                        for first, rows, cols, causal in _tiles(call, c, spans, pieces, poll.done):
+                            o, lse = ops.forward(qt[:, sq, rows], kt[:, sk, cols],
+                                                 vt[:, sk, cols], causal, scale)
                             if assign and step.index == 0 and first:
                                 out_g[:, sq, rows].copy_(o)
                                 lse_g[:, sq, rows].copy_(lse)
@@ -374,7 +382,7 @@ class RingAttention(torch.autograd.Function):
                                 merge_(out_g[:, sq, rows], lse_g[:, sq, rows], o, lse)
                             poll()
 
-            ring_loop(plan, group, pack.moving(k, v, plan.size), compute)
+            ring_loop(plan, group, pack.moving(k, v), compute)
         out = out_acc.to(q.dtype)  # (b, h, s, d) view of (b, s, h, d) memory
         ctx.save_for_backward(q, k, v, out, lse_acc)
         ctx.args = (scale, group, plan, per, c, chunks, seq_chunks)
@@ -395,35 +403,32 @@ class RingAttention(torch.autograd.Function):
             subs = head_groups(qt.shape[1], kh.stop - kh.start, kh.stop - kh.start)
             pieces = max(2, -(-SUBBLOCKS // (len(subs) * seq_chunks)))
             cap = max(MIN_ROWS, int(sl * h * BACKWARD_ROW_SHARE) // (h // k.shape[2]))
-            pack = _Pack(k, v, spans, kh)
-            carry = _CarryKV(pack.like(k, plan.size), pack.kv)
-            n = len(spans)
+            pack = _Pack(k, v, spans, kh, plan.size)
+            carry = _CarryKV(pack.like(k), pack.views)
 
             def compute(step, cur, poll, qt=qt, dot=dot, out_g=out_g, lse_g=lse_g, dq_g=dq_g,
-                        subs=subs, pieces=pieces, cap=cap, spans=spans, carry=carry, pack=pack,
-                        n=n):
-                kv = [_bhsd(t) for t in pack.kv(cur)]
+                        subs=subs, pieces=pieces, cap=cap, spans=spans, carry=carry, pack=pack):
+                kt, vt = (_bhsd(t) for t in pack.views(cur))
                 add = carry.own if step.index == 0 else carry.held
                 for call in step.calls:
                     for sq, sk in subs:
-                        for _, rows, i, cols, causal in _tiles(call, c, spans, pieces,
-                                                               poll.done, cap):
+                        for _, rows, cols, causal in _tiles(call, c, spans, pieces, poll.done,
+                                                            cap):
                             dq, dk, dv = ops.backward(
-                                dot[:, sq, rows], qt[:, sq, rows], kv[i][:, sk, cols],
-                                kv[n + i][:, sk, cols], out_g[:, sq, rows], lse_g[:, sq, rows],
-                                causal, scale)
+                                dot[:, sq, rows], qt[:, sq, rows], kt[:, sk, cols],
+                                vt[:, sk, cols], out_g[:, sq, rows], lse_g[:, sq, rows], causal,
+                                scale)
                             dq_g[:, sq, rows].add_(dq)
-                            add(i, cols.start, cols.stop, sk, dk, dv)
+                            add(cols.start, cols.stop, sk, dk, dv)
                             poll()
 
-            grads = pack.kv(ring_loop(plan, group, pack.moving(k, v, plan.size), compute, carry))
-            if chunks * seq_chunks == 1 and n == 1:  # one pass over one span: the gradients
-                dk_acc, dv_acc = grads[0].to(k.dtype), grads[1].to(v.dtype)
+            grads = ring_loop(plan, group, pack.moving(k, v), compute, carry)
+            if chunks * seq_chunks == 1 and len(spans) == 1:  # one pass: the gradients
+                dk_acc, dv_acc = (t.to(k.dtype) for t in pack.views(grads))
                 continue
             if dk_acc is None:
                 dk_acc, dv_acc = torch.empty_like(k), torch.empty_like(v)
-            for target, piece in zip(pack.pieces(dk_acc, dv_acc), grads):
-                target.copy_(piece)
+            pack.unpack_(grads, dk_acc, dv_acc)
         return dq_acc.to(q.dtype), dk_acc, dv_acc, None, None, None, None, None, None
 
 
@@ -500,10 +505,10 @@ class RSAAttention(torch.autograd.Function):
                                                qt[:, sq], kt[:, sk], vt[:, sk], delta[:, sq], scale)
                 if step.index == 0:
                     state["dq"][:, sq].copy_(dq)
-                    carry.own(0, 0, sl, sk, dk, dv)
+                    carry.own(0, sl, sk, dk, dv)
                 else:
                     state["dq"][:, sq].add_(dq)
-                    parts.append((0, 0, sl, sk, dk, dv))
+                    parts.append((0, sl, sk, dk, dv))
                 poll()
             return parts
 
