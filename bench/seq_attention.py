@@ -156,8 +156,8 @@ def comm_alone(args, algorithm: str, local) -> float:
     if algorithm == "rsa":
         _ring.ring_loop(plan, None, (k,), lambda s, c, p: None)
         _ring.ring_loop(plan, None, (v,), lambda s, c, p: None)
-        _ring.ring_loop(plan, None, (k, v), lambda s, c, p: [],
-                        lambda parts, inc: inc if inc is not None else (k.clone(), v.clone()))
+        _ring.ring_loop(plan, None, (k, v), lambda s, c, p: None,
+                        _ring._CarryKV([(t.shape, t.dtype, t.device) for t in (k, v)]))
         return time.perf_counter() - t0
     hk = k.shape[2]
     per = 2 if args.layout == "zigzag" else 1
@@ -167,9 +167,8 @@ def comm_alone(args, algorithm: str, local) -> float:
     for _, kh, spans in _ring.ring_passes(hk, hk, c, per, hc, sc):
         pack = _ring._Pack(k, v, spans, kh, n)
         _ring.ring_loop(plan, None, pack.moving(k, v), lambda s, c, p: None)
-        acc = pack.moving(k, v)
-        _ring.ring_loop(plan, None, pack.moving(k, v), lambda s, c, p: [],
-                        lambda parts, inc, acc=acc: inc if inc is not None else acc)
+        _ring.ring_loop(plan, None, pack.moving(k, v), lambda s, c, p: None,
+                        _ring._CarryKV(pack.like(k), pack.views))
     return time.perf_counter() - t0
 
 

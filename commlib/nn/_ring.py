@@ -4,8 +4,8 @@
 non-blocking transfer of the block it holds to the next rank (and the receive of the next block
 from the previous rank) with one ``commlib.batch_isend_irecv``, then computes on the block it
 holds, then waits: double buffering with one step of lookahead, so the transfer runs while the
-block computes. In the backward pass the gradient accumulators of each K/V block travel the same
-way one step behind their block and arrive home after a last hop.
+block computes. In the backward pass the gradient accumulators of each K/V block follow their
+block between steps and arrive home after a last hop.
 
 Why the compute polls. With one thread per rank, an MPI engine moves a large (rendezvous) message
 only inside MPI calls: posted before a kernel and waited for after it, the transfer would start
@@ -18,7 +18,8 @@ wait for after the compute went from the whole transfer to about nothing.
 Messages per call, on a ring of N > 1 (N = 1 sends nothing):
 
 * ring forward: N-1 batches, each sending K and V and receiving the next K and V;
-* ring backward: N-1 K/V hops plus N hops of the (dK, dV) accumulators, in N+1 batches;
+* ring backward: N-1 K/V hops plus N hops of the (dK, dV) accumulators, in 2N-1 batches (the
+  accumulators move between steps, alone: see :func:`ring_loop`);
 * rsa forward: N-1 hops of K then N-1 hops of V; rsa backward as the ring backward.
 
 Time spent in each phase is recorded in :data:`STATS`; with ``STATS["trace"]`` set to a list, every
@@ -113,45 +114,42 @@ _NO_POLL = _Poller(())  # nothing in flight (or polling off): nothing to test, n
 
 
 def ring_loop(plan: RingPlan, group, moving: Sequence[torch.Tensor], compute: Callable,
-              carry: Callable | None = None):
+              carry: "_CarryKV | None" = None):
     """Pass ``moving`` (this rank's blocks) around the ring; at each step call
     ``compute(step, current_blocks, poll)`` (a :class:`_Poller`: ``poll()`` between sub-blocks
     progresses the step's transfers, ``poll.done()`` says whether they are complete).
 
-    Without ``carry``: returns None. With ``carry``: ``compute`` returns this rank's contribution
-    to the current block's accumulators (or None); ``carry(contribution, incoming)`` adds it to the
-    accumulators that arrived from the previous rank (``incoming`` None at step 0) and returns the
-    accumulators to pass on. Returns the accumulators of this rank's own block, complete."""
+    With ``carry`` (a :class:`_CarryKV`), ``compute`` adds this rank's share of the current
+    block's gradients into ``carry``'s accumulators, which arrived with the block's previous
+    holder's shares; after the compute (and the block's transfer) they go on to the next rank in
+    one exchange, and the accumulators of the next block come in. The exchange is not hidden behind
+    compute, on purpose: in flight during the compute are then only the block held, the next one
+    and one set of accumulators (three block-sized buffers, not five). Returns None, or with
+    ``carry`` the accumulators of this rank's own block, complete, after the last hop home."""
     cur, moving = tuple(moving), None  # the caller's blocks may be copies: free them on the way
-    acc = None
     last = plan.size - 1
     for step in plan.steps:
-        ops, nxt, incoming = [], None, None
+        ops, nxt = [], None
         if step.index < last:
             nxt = tuple(torch.empty_like(t) for t in cur)
             ops += _exchange(group, plan, cur, nxt, _TAG_MOVE)
-        if carry is not None and step.index > 0:
-            incoming = tuple(torch.empty_like(a) for a in acc)
-            ops += _exchange(group, plan, acc, incoming, _TAG_CARRY)
         t0 = _clock()
         works = _post(ops)
         poll = _Poller(works) if works and POLL else _NO_POLL
         poll()  # at once: the handshake starts, and a transfer already done needs no pieces
-        contribution = compute(step, cur, poll)
+        compute(step, cur, poll)
         t1 = _clock()
         STATS["compute_s"] += t1 - t0
         _wait(works, t0, t1)
-        if carry is not None:
-            acc = carry(contribution, incoming)
-        cur = nxt
-    if carry is None:
-        return None
-    if plan.size > 1:  # the last hop: the accumulators of this rank's own block come home
-        home = tuple(torch.empty_like(a) for a in acc)
-        t0 = _clock()
-        _wait(_post(_exchange(group, plan, acc, home, _TAG_CARRY)), t0, t0)
-        acc = home
-    return acc
+        cur = nxt  # the block computed is freed
+        if carry is not None and plan.size > 1:  # pass the accumulators on, take the next ones
+            acc = carry.take()
+            incoming = tuple(torch.empty_like(a) for a in acc)
+            t0 = _clock()
+            _wait(_post(_exchange(group, plan, acc, incoming, _TAG_CARRY)), t0, t0)
+            del acc
+            carry.give(incoming)
+    return None if carry is None else carry.take()
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -163,49 +161,34 @@ def _bhsd(t: torch.Tensor) -> torch.Tensor:
 
 
 class _CarryKV:
-    """``carry`` for (dK, dV) accumulators: tensors of the (shape, dtype, device) in ``like`` (in
-    the accumulation dtype), seen through ``views`` as a (dK, dV) pair in the user's
-    (b, s, h_kv, d) layout (default: the tensors themselves). Partial gradients are (first key
-    token, end, KV head slice, dk, dv), dk/dv in (b, h, s, d) views. Step 0 (the own block) adds
-    them with :meth:`own` straight into fresh zeroed accumulators as the compute produces them;
-    later steps add theirs with :meth:`held` into one zeroed buffer (pieces may overlap) or return
-    them as a list, added once the incoming accumulators arrive."""
+    """The (dK, dV) accumulators of the block a ring step computes: tensors of the (shape, dtype,
+    device) in ``like`` (in the accumulation dtype), seen through ``views`` as a (dK, dV) pair in
+    the user's (b, s, h_kv, d) layout (default: the tensors themselves). :meth:`add` adds a
+    partial gradient (first key token, end, KV head slice, dk, dv; dk/dv in (b, h, s, d) views)
+    into the current accumulators (zeros until some arrive); :meth:`take` hands them over
+    (:func:`ring_loop` sends them on), :meth:`give` installs the ones that arrived."""
 
     def __init__(self, like: Sequence, views: Callable = lambda acc: acc):
         # (shape, dtype, device), not tensors: a ring's blocks are freed on the way
         self.like = [(shape, _acc_dtype(dtype), device) for shape, dtype, device in like]
-        self.views, self.acc, self.buffer = views, None, None
+        self.views = views
+        self.acc = self.dkv = None
 
-    def _zeros(self):
-        acc = tuple(torch.zeros(shape, dtype=dtype, device=device)
-                    for shape, dtype, device in self.like)
-        return acc, self.views(acc)
+    def give(self, acc) -> None:
+        self.acc, self.dkv = acc, self.views(acc)
 
-    def own(self, *part) -> None:
-        self.acc = self.acc or self._zeros()
-        self._add(self.acc[1], (part,))
+    def take(self):
+        if self.acc is None:
+            self.give(tuple(torch.zeros(shape, dtype=dtype, device=device)
+                            for shape, dtype, device in self.like))
+        acc, self.acc, self.dkv = self.acc, None, None
+        return acc
 
-    def held(self, *part) -> None:
-        self.buffer = self.buffer or self._zeros()
-        self._add(self.buffer[1], (part,))
-
-    @staticmethod
-    def _add(views, parts):
-        for k0, k1, heads, dk, dv in parts:
-            views[0][:, k0:k1, heads].add_(_bhsd(dk))
-            views[1][:, k0:k1, heads].add_(_bhsd(dv))
-
-    def __call__(self, parts, incoming):
-        if incoming is None:
-            acc, self.acc = (self.acc or self._zeros())[0], None
-            return acc
-        if parts:
-            self._add(self.views(incoming), parts)
-        if self.buffer is not None:
-            for a, b in zip(incoming, self.buffer[0]):
-                a.add_(b)
-            self.buffer = None
-        return incoming
+    def add(self, k0: int, k1: int, heads: slice, dk: torch.Tensor, dv: torch.Tensor) -> None:
+        if self.acc is None:
+            self.give(self.take())
+        self.dkv[0][:, k0:k1, heads].add_(_bhsd(dk))
+        self.dkv[1][:, k0:k1, heads].add_(_bhsd(dv))
 
 
 # ----- blockwise ring attention with online softmax ----------------------------------------
@@ -409,7 +392,6 @@ class RingAttention(torch.autograd.Function):
             def compute(step, cur, poll, qt=qt, dot=dot, out_g=out_g, lse_g=lse_g, dq_g=dq_g,
                         subs=subs, pieces=pieces, cap=cap, spans=spans, carry=carry, pack=pack):
                 kt, vt = (_bhsd(t) for t in pack.views(cur))
-                add = carry.own if step.index == 0 else carry.held
                 for call in step.calls:
                     for sq, sk in subs:
                         for _, rows, cols, causal in _tiles(call, c, spans, pieces, poll.done,
@@ -419,7 +401,7 @@ class RingAttention(torch.autograd.Function):
                                 vt[:, sk, cols], out_g[:, sq, rows], lse_g[:, sq, rows], causal,
                                 scale)
                             dq_g[:, sq, rows].add_(dq)
-                            add(cols.start, cols.stop, sk, dk, dv)
+                            carry.add(cols.start, cols.stop, sk, dk, dv)
                             poll()
 
             grads = ring_loop(plan, group, pack.moving(k, v), compute, carry)
@@ -499,18 +481,12 @@ class RSAAttention(torch.autograd.Function):
 
         def compute(step, cur, poll):
             kt, vt = _bhsd(cur[0]), _bhsd(cur[1])
-            parts = []
             for j, (sq, sk) in enumerate(heads):  # one KV head at a time, polling in between
                 dq, dk, dv = math_grads_from_p(pb[:, j:j + 1, :, :, step.source], dot[:, sq],
                                                qt[:, sq], kt[:, sk], vt[:, sk], delta[:, sq], scale)
-                if step.index == 0:
-                    state["dq"][:, sq].copy_(dq)
-                    carry.own(0, sl, sk, dk, dv)
-                else:
-                    state["dq"][:, sq].add_(dq)
-                    parts.append((0, sl, sk, dk, dv))
+                (state["dq"][:, sq].copy_ if step.index == 0 else state["dq"][:, sq].add_)(dq)
+                carry.add(0, sl, sk, dk, dv)
                 poll()
-            return parts
 
         dk, dv = ring_loop(plan, group, (k, v), compute, carry)
         return (_bhsd(state["dq"]).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),

@@ -121,7 +121,7 @@ def run_ring(algorithm, layout, causal, h, hk, chunk, seed, d=8, b=2, dtype=torc
         assert got.dtype == dtype, (name, got.dtype)
         close(f"{name} {what}", got.float(), local(want, layout), rtol)
     # messages: K and V hop N-1 times forward (twice over for rsa: K pass, V pass); backward
-    # K/V hop N-1 times and the (dK, dV) accumulators N times, in N+1 batches; all of it once
+    # K/V hop N-1 times and the (dK, dV) accumulators N times, in 2N-1 batches; all of it once
     # per ring pass (documented default: one head group per KV head times key segments of at
     # least 512 tokens of each layout chunk, up to 32 passes in all; 1 if N = 1).
     ring = algorithm == "ring" and n > 1
@@ -139,7 +139,8 @@ def run_ring(algorithm, layout, causal, h, hk, chunk, seed, d=8, b=2, dtype=torc
         passes = head_chunks * seq_chunks  # rsa's backward is one pass
         per_hop = 2 if algorithm == "rsa" else 1
         hops = passes * per_hop * ((n - 1) + n)
-        assert (bwd.batches, bwd.sends, bwd.recvs) == (passes * (n + 1), hops, hops), vars(bwd)
+        batches = passes * (2 * n - 1)  # K/V hops with compute, accumulators between steps
+        assert (bwd.batches, bwd.sends, bwd.recvs) == (batches, hops, hops), vars(bwd)
 
 
 # ----- cases -------------------------------------------------------------------------------------
