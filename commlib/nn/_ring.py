@@ -221,9 +221,10 @@ def ring_passes(h: int, hk: int, c: int, per: int, head_chunks: int, seq_chunks:
 SUBBLOCKS = 8
 
 # Backward kernel calls take at most this share of the rank's query rows x query heads: torch's CPU
-# flash backward copies its strided q, dout and out views and writes dq, about five times the
-# rows it is given, all alive at once (1/32 of the rank's q: ~0.15 of a q-sized tensor).
-BACKWARD_ROW_SHARE = 1 / 32
+# flash backward copies a strided dout view and writes dq and fp32 scratch, about four times the
+# rows it is given, all alive at once (1/64 of the rank's q: ~0.06 of a q-sized tensor; 1/32 made
+# the peak per rank 0.15 of one larger, measured at 2 and 4 ranks).
+BACKWARD_ROW_SHARE = 1 / 64
 MIN_ROWS = 128
 
 
