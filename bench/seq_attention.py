@@ -27,7 +27,8 @@ For each total sequence length and algorithm it prints, side by side in one run:
 * ``err``: max |out - reference| / max |reference| of the gathered output (a wrong result is
   reported, not timed silently).
 
-Rounds interleave the one-process and the parallel runs, so machine noise hits both. After the
+Rounds interleave the one-process and the parallel runs, so machine noise hits both, and each
+round first waits out the host's slow phases (``--patience``, bench/_quiet.py). After the
 table, the longest sequence that fits a memory budget (``--budget-mib``, default: one process's
 peak at the smallest length) is searched by measurement, not fitted: lengths double until one
 does not fit, then bisection, every probe one measured forward+backward, for one process and for
@@ -45,6 +46,8 @@ import sys
 import time
 
 import torch
+from _quiet import quiet_for, quiet_summary
+from mpi4py import MPI
 
 import commlib
 from commlib.nn import functional as F
@@ -238,6 +241,9 @@ def main(argv=None) -> int:
     p.add_argument("--no-poll", dest="poll", action="store_false",
                    help="ring/rsa: do not poll the transfers between sub-blocks (the previous "
                         "behaviour, to see what polling hides)")
+    p.add_argument("--patience", type=float, default=60.0,
+                   help="seconds to wait per timing round for the host's slow phases to pass "
+                        "(bench/_quiet.py; 0: do not check)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     args.kv_heads = args.kv_heads or args.heads
@@ -280,6 +286,7 @@ def main(argv=None) -> int:
         budget_report(args, one.item() / (1 << 20), n, budget_lines.append)
     # Pass 2, the timing allocator: times, overlap and the result check.
     allocator(False)
+    quiet = quiet_for(MPI.COMM_WORLD, args.patience)
     rows = []
     for s in args.seq:
         full = inputs(args, s)
@@ -301,6 +308,7 @@ def main(argv=None) -> int:
             t1s, tns, exposed, alone, imbalance = [], [], [], [], []
             c1s, cns = [], []
             for _ in range(args.rounds):
+                quiet.wait()  # not inside one of the host's slow phases (canaries, all ranks)
                 if rank == 0:  # the one-process reference, the other ranks asleep
                     t0, c0 = time.perf_counter(), time.thread_time()
                     one_process(args, full)
@@ -349,6 +357,7 @@ def main(argv=None) -> int:
                     f"{mn / m1:>9.1%} {err:>9.2e}", flush=True)
     for line in budget_lines:
         out(line)
+    out(quiet_summary(MPI.COMM_WORLD))
     if rank == 0:
         if args.json:
             with open(args.json, "w") as f:

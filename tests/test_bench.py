@@ -67,3 +67,17 @@ def test_checker_catches_a_wrong_result(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["wrong_total"] > 0
     assert all(r[k]["wrong"] > 0 for r in doc["rows"] for k in ("out_of_place", "in_place"))
+
+
+def test_seq_attention_bench_runs_and_checks(tmp_path):
+    """bench/seq_attention.py at 2 ranks on short sequences: every algorithm's gathered output
+    matches one process, the budget search reports a reach, and each timing round passed the
+    slow-phase gate."""
+    out = tmp_path / "sa.json"
+    proc = bench(2, "seq_attention", "-s", "256", "--rounds", "1", "--search-cap", "2",
+                 "--patience", "1", "--heads", "2", "--head-dim", "16", "--json", str(out))
+    assert "ring on 2 ranks:" in proc.stdout and "# slow phases: waited" in proc.stdout, proc.stdout
+    rows = json.loads(out.read_text())["rows"]
+    assert sorted(r["algorithm"] for r in rows) == ["ring", "rsa", "ulysses"]
+    for r in rows:
+        assert r["err"] < 1e-5 and r["tn_ms"] > 0 and r["t1_ms"] > 0, r
