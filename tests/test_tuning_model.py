@@ -101,3 +101,27 @@ def test_eligible_restricts_and_one_rank_costs_nothing():
     assert predict("all_reduce", N, 1, Table(LINK))[0].seconds == 0.0
     with pytest.raises(ValueError):
         Curve({8: 1e-6})
+
+
+def test_latency_ties_between_measured_curves_go_by_the_formulas():
+    """Two measured curves within 10% of each other where both formulas are latency-bound: the
+    formula's cheaper one (one handshake, not two) comes first, saying why; 20% apart, or in the
+    bandwidth regime, the measurement decides."""
+    shm = LinkCost(alpha=1e-6, beta=1e-10, gamma=1e-10)  # 1 us handshake, 10 GB/s
+
+    def table(one, two):
+        return Table(shm, curves={"all_reduce": {
+            "shm_oneshot": Curve({8: one, 1 << 20: 400e-6}),
+            "shm_twoshot": Curve({8: two, 1 << 20: 300e-6})}})
+
+    names = ["shm_oneshot", "shm_twoshot"]
+    tied = predict("all_reduce", 8, 2, table(1.05e-6, 1.0e-6), names)
+    assert tied[0].algorithm == "shm_oneshot" and "formulas decide" in tied[0].how
+    assert tied[0].seconds == pytest.approx(1.05e-6)  # its measured time, unchanged
+    apart = predict("all_reduce", 8, 2, table(1.25e-6, 1.0e-6), names)
+    assert [x.algorithm for x in apart] == ["shm_twoshot", "shm_oneshot"]
+    assert apart[0].how == "measured"
+    big = predict("all_reduce", 1 << 20, 2, Table(shm, curves={"all_reduce": {
+        "shm_oneshot": Curve({8: 1e-6, 1 << 20: 310e-6}),
+        "shm_twoshot": Curve({8: 2e-6, 1 << 20: 300e-6})}}), names)
+    assert big[0].algorithm == "shm_twoshot" and big[0].how == "measured"  # bandwidth-bound

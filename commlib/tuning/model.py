@@ -323,11 +323,13 @@ def _hier_all_reduce(p, local, n, intra, inter):
 
 
 def predict(collective: str, nbytes: int, p: int, table: Table,
-            eligible: list[str] | None = None) -> list[Prediction]:
+            eligible: list[str] | None = None, extra: list[Prediction] = ()) -> list[Prediction]:
     """Predicted time of each algorithm of ``collective`` (those in ``eligible`` when given; else
     every algorithm with a formula, a measured curve, and ``native``) for ``nbytes`` on ``p``
-    ranks, cheapest first. A measured curve wins over a formula; ``native`` without a curve is
-    priced as the cheapest formula (engines run one of these algorithms)."""
+    ranks, and the ``extra`` ones priced elsewhere, cheapest first (measured curves within
+    ``LATENCY_TIE`` of the cheapest in the latency regime: by formula, see :func:`_latency_tie`).
+    A measured curve wins over a formula; ``native`` without a curve is priced as the cheapest
+    formula (engines run one of these algorithms)."""
     if p <= 1:
         return [Prediction("native", 0.0, "formula")]
     link = table.flat_link(p)
@@ -361,5 +363,45 @@ def predict(collective: str, nbytes: int, p: int, table: Table,
                 cheapest = min(flat, key=lambda x: x.seconds)
                 out.append(Prediction("native", cheapest.seconds, f"formula ({cheapest.algorithm})"))
     # On a tie the engine's own collective wins: it is at least as good as the formula it equals.
-    out.sort(key=lambda x: (x.seconds, x.algorithm != "native", x.algorithm))
-    return out
+    out = sorted([*out, *extra], key=lambda x: (x.seconds, x.algorithm != "native", x.algorithm))
+
+    def formula(name: str, n: int) -> float | None:
+        if name == "native":
+            flat = [formula(f, n) for f in formulas if f not in SHM_ALGORITHMS]
+            return min(flat) if flat else None
+        if name not in formulas:
+            return None
+        return formulas[name](p, n, (table.shm or link) if name in SHM_ALGORITHMS else link)
+
+    return _latency_tie(out, nbytes, formula)
+
+
+# Measured curves within this share of the fastest are a tie when every one of them is
+# latency-bound by its formula (the per-byte part under half its time); the formulas' order
+# decides it.
+LATENCY_TIE = 0.10
+
+
+def _latency_tie(out: list[Prediction], nbytes: int, formula) -> list[Prediction]:
+    """Break ties among measured curves in the latency regime by the formulas: a flag handshake
+    or a message counts exactly in a formula, while a 1 µs measurement moves 10-20% between two
+    runs of the same code here (calibration measured the two-shot all-reduce 9% faster than the
+    one-shot at 512 B on 2 ranks; the accuracy run then measured it 20% slower, as its second
+    handshake says it must be)."""
+    if len(out) < 2 or out[0].how != "measured":
+        return out
+    band = [x for x in out if x.how == "measured" and x.seconds <= out[0].seconds * (1 + LATENCY_TIE)]
+    if len(band) < 2:
+        return out
+    cost = {}
+    for x in band:
+        t, t0 = formula(x.algorithm, nbytes), formula(x.algorithm, 1)
+        if t is None or t - t0 > 0.5 * t:  # no formula, or bandwidth-bound: the curves decide
+            return out
+        cost[x.algorithm] = t
+    pick = min(band, key=lambda x: (cost[x.algorithm], x.algorithm != "native", x.algorithm))
+    if pick is out[0]:
+        return out
+    rest = [x for x in out if x is not pick]
+    return [pick._replace(how=f"measured; within {LATENCY_TIE:.0%} of {out[0].algorithm}'s, "
+                              f"latency-bound: the formulas decide")] + rest

@@ -183,14 +183,13 @@ def predictions(collective: str, nbytes: int, group, model: GroupModel,
     if widen == 1:
         return predict(collective, nbytes, group.size, model.table, names)
     own = [n for n in names if n in SHM_ALGORITHMS]
-    out = predict(collective, nbytes, group.size, model.table, own) if own else []
     rest = [n for n in names if n not in SHM_ALGORITHMS]
+    upcast = []
     if rest:
         cast = 2 * widen * nbytes * (model.table.shm or model.table.link).beta
-        out += [Prediction(x.algorithm, x.seconds + cast, x.how + f" (x{widen} upcast)")
-                for x in predict(collective, widen * nbytes, group.size, model.table, rest)]
-    out.sort(key=lambda x: (x.seconds, x.algorithm != "native", x.algorithm))
-    return out
+        upcast = [Prediction(x.algorithm, x.seconds + cast, x.how + f" (x{widen} upcast)")
+                  for x in predict(collective, widen * nbytes, group.size, model.table, rest)]
+    return predict(collective, nbytes, group.size, model.table, own, extra=upcast)
 
 
 @dataclass
