@@ -123,15 +123,15 @@ def _positions(rank, n, c):
 
 
 def test_default_seq_chunks():
-    """Key segments by default: none on one rank or below 1024 tokens per chunk (segments of at
-    least 512), then up to 32 passes in all (head groups x segments)."""
+    """Key segments by default: none on one rank or below 1536 tokens per chunk (segments of at
+    least 768), then up to 32 passes in all (head groups x segments)."""
     from commlib.nn.functional import default_seq_chunks
 
     assert default_seq_chunks(8, 4096, 1) == 1
-    assert default_seq_chunks(8, 1023, 2) == 1
-    assert default_seq_chunks(8, 1024, 2) == 2
+    assert default_seq_chunks(8, 1535, 2) == 1
+    assert default_seq_chunks(8, 1536, 2) == 2
     assert default_seq_chunks(8, 4096, 4) == 4  # 8 heads x 4 = 32 passes
-    assert default_seq_chunks(1, 4096, 4) == 8  # 512-token segments first
+    assert default_seq_chunks(1, 4096, 4) == 5  # 768-token segments first
     assert default_seq_chunks(1, 65536, 4) == 32
     assert default_seq_chunks(64, 65536, 8) == 1
 

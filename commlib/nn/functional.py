@@ -130,14 +130,15 @@ def default_head_chunks(kv_heads: int, size: int) -> int:
 
 
 # Ring passes (head groups x key segments) the default aims at, and the fewest tokens a segment
-# takes of each layout chunk. The backward keeps about ten pass-sized buffers alive (the block
-# held, the next one, the outgoing and incoming dK/dV accumulators, this step's share of them), so
-# 32 passes hold ~0.3 of one q-sized tensor in flight, next to the eight (q, k, v, out, their
-# gradients) every rank keeps. But every pass adds kernel calls (each merging or adding its rows'
-# results) and ring steps (each a synchronization of neighbours): measured at 2 ranks, segments
-# of 256 tokens per chunk cost 10% of the time, 512 about 5%. Segments start where memory starts
-# to matter: long sequences.
-RING_PASSES, MIN_SEGMENT = 32, 512
+# takes of each layout chunk. During the backward three pass-sized buffers are in flight (the
+# block held, the next one, one set of dK/dV accumulators) and each kernel call returns dK/dV for
+# its keys, so with one KV head per group and no segments a rank holds ~1.2 q-sized tensors
+# beyond the eight (q, k, v, out, their gradients) it keeps; 2 segments bring that to ~0.8, 3 to
+# ~0.65. But every pass adds kernel calls (each paying per query row: dout's copy, merging or
+# adding the rows' results) and ring steps (each a synchronization of neighbours): measured at 2
+# ranks, 8192 tokens, 2 segments of 1024 cost 3% of the time, 4 of 512 16%. Segments start where
+# memory starts to matter, on long sequences.
+RING_PASSES, MIN_SEGMENT = 32, 768
 
 
 def default_seq_chunks(head_chunks: int, chunk: int, size: int) -> int:
@@ -175,7 +176,7 @@ def ring_attention(q, k, v, *, causal: bool = False, group=None, layout: str = "
         seq_chunks: ``"ring"`` only: also cut each head group's keys into this many segments,
             one ring pass each; segment j is the j-th near-equal part of each of the rank's layout
             chunks (1 to the tokens of a chunk; zigzag's balance holds in every pass). Default
-            (:func:`default_seq_chunks`): up to 32 passes in all, each segment at least 512 tokens
+            (:func:`default_seq_chunks`): up to 32 passes in all, each segment at least 768 tokens
             of every chunk (1 on one rank): on long sequences the ring's buffers stay a small
             fraction of the rank's own tensors, so peak memory per rank stays near 1/N of one
             process.

@@ -123,12 +123,12 @@ def run_ring(algorithm, layout, causal, h, hk, chunk, seed, d=8, b=2, dtype=torc
     # messages: K and V hop N-1 times forward (twice over for rsa: K pass, V pass); backward
     # K/V hop N-1 times and the (dK, dV) accumulators N times, in 2N-1 batches; all of it once
     # per ring pass (documented default: one head group per KV head times key segments of at
-    # least 512 tokens of each layout chunk, up to 32 passes in all; 1 if N = 1).
+    # least 768 tokens of each layout chunk, up to 32 passes in all; 1 if N = 1).
     ring = algorithm == "ring" and n > 1
     if head_chunks is None:
         head_chunks = hk if ring else 1
     if seq_chunks is None:
-        seq_chunks = max(1, min(-(-32 // head_chunks), chunk // 512)) if ring else 1
+        seq_chunks = max(1, min(-(-32 // head_chunks), chunk // 768)) if ring else 1
     # The ring packs a pass's K and V (and its dK and dV) in one message; rsa sends each alone.
     passes = 2 if algorithm == "rsa" else head_chunks * seq_chunks
     if n == 1:
@@ -166,9 +166,9 @@ def case_ring_odd_lengths():
 
 
 def case_default_segments():
-    """Long enough for the default to cut the keys into segments (1024 tokens per rank, one KV
-    head: 2 segments of 512); gradients exact, message counts per pass."""
-    run_ring("ring", "contiguous", True, 2, 1, chunk=1024, seed=108, d=4, b=1)
+    """Long enough for the default to cut the keys into segments (1536 tokens per rank, one
+    head: 2 segments of 768); gradients exact, message counts per pass."""
+    run_ring("ring", "contiguous", True, 1, 1, chunk=1536, seed=108, d=4, b=1)
 
 
 def case_low_precision():
