@@ -177,16 +177,18 @@ class _CarryKV:
     def give(self, acc) -> None:
         self.acc, self.dkv = acc, self.views(acc)
 
-    def take(self):
-        if self.acc is None:
+    def _held(self) -> None:
+        if self.acc is None:  # nothing arrived (the own block, step 0): start from zeros
             self.give(tuple(torch.zeros(shape, dtype=dtype, device=device)
                             for shape, dtype, device in self.like))
+
+    def take(self):
+        self._held()
         acc, self.acc, self.dkv = self.acc, None, None
         return acc
 
     def add(self, k0: int, k1: int, heads: slice, dk: torch.Tensor, dv: torch.Tensor) -> None:
-        if self.acc is None:
-            self.give(self.take())
+        self._held()
         self.dkv[0][:, k0:k1, heads].add_(_bhsd(dk))
         self.dkv[1][:, k0:k1, heads].add_(_bhsd(dv))
 
@@ -217,7 +219,7 @@ def ring_passes(h: int, hk: int, c: int, per: int, head_chunks: int, seq_chunks:
 
 # Poll points per ring step of the whole block (one after each kernel call): enough that a
 # transfer posted by a neighbour that is a little behind still finds a poll or two before the
-# compute ends. A pass over 1/P of the block gets max(2, SUBBLOCKS / P) per step.
+# compute ends. Split over the KV heads of a pass's group and its key segments, at least 2 each.
 SUBBLOCKS = 8
 
 # Backward kernel calls take at most this share of the rank's query rows x query heads: torch's CPU
