@@ -17,7 +17,7 @@ setup(
         Extension(
             "commlib._shm",
             sources=["csrc/shm.c"],
-            depends=["csrc/reduce_math.h", "csrc/reduce_simd.h"],
+            depends=["csrc/reduce_math.h", "csrc/reduce_simd.h", "csrc/copy_nt.h"],
             include_dirs=["csrc"],
             extra_compile_args=_FLAGS if sys.platform != "win32" else [],
             libraries=["rt"] if sys.platform.startswith("linux") else [],

@@ -56,6 +56,7 @@
 
 #include "reduce_math.h"
 #include "reduce_simd.h"
+#include "copy_nt.h"
 
 #define CL_MAX_RANKS 64
 #define CL_LINE 128
@@ -266,6 +267,7 @@ typedef struct {
     long spin;         /* polls before giving the core away */
     long yield_us;     /* then sched_yield for this long before sleeping (sleep == 1) */
     int sleep;         /* 1: wait in futex on the lagging flag; 0: sched_yield */
+    long nt_min;       /* outputs of at least this many bytes are written with streaming stores */
     int64_t next_step; /* first step of the next operation issued */
     int64_t done_step; /* last step this rank has completed (read) */
     ShmOp **fifo;      /* started, unfinished operations in issue order (strong references) */
@@ -286,6 +288,7 @@ struct ShmOp {
     size_t count, es, chunk, nchunks;
     int64_t s0, total, cur;
     int phase; /* 0: write and publish step s0 + cur next; 1: wait for the peers */
+    int nt;    /* copies into the output use streaming stores (a large output: see copy_nt.h) */
     int state;
     unsigned long polls;
 };
@@ -317,9 +320,18 @@ static void do_write(ShmOp *op, int64_t idx) {
     char *mine = region(g, g->rank, p);
     switch (op->kind) {
     case K_AR1:
-    case K_AG:
         memcpy(mine, op->in + lo * es, len * es);
         break;
+    case K_AG: { /* my block into my region and into my part of the output, in pieces that stay
+                  * in L1 between the two copies (the input is read once) */
+        char *src = op->in + lo * es, *dst = op->out + ((size_t)g->rank * op->count + lo) * es;
+        for (size_t at = 0, nb = len * es; at < nb; at += CL_COPY_PIECE) {
+            size_t m = nb - at < CL_COPY_PIECE ? nb - at : CL_COPY_PIECE;
+            memcpy(mine + at, src + at, m);
+            cl_copy(dst + at, src + at, m, op->nt);
+        }
+        break;
+    }
     case K_AR2:
         if (sub == 0) { /* the slices the peers reduce; my own slice is read from my input */
             for (int j = 0; j < g->n; j++) {
@@ -374,7 +386,7 @@ static void do_read(ShmOp *op, int64_t idx) {
             for (int j = 0; j < n; j++) {
                 slice_of(len, n, j, &a, &b);
                 if (j != me && b > a)
-                    memcpy(op->out + (lo + a) * es, region(g, j, p) + a * es, (b - a) * es);
+                    cl_copy(op->out + (lo + a) * es, region(g, j, p) + a * es, (b - a) * es, op->nt);
             }
         }
         break;
@@ -385,16 +397,19 @@ static void do_read(ShmOp *op, int64_t idx) {
                               : region(g, j, p) + (size_t)me * op->chunk * es;
         reduce(op->out + lo * es, NULL, srcs, n, len, op->op, op->avg);
         break;
-    case K_AG: /* the peers' blocks from their regions, mine from my input */
+    case K_AG: /* the peers' blocks from their regions (mine was copied with do_write) */
         for (int j = 0; j < n; j++)
-            memcpy(op->out + ((size_t)j * op->count + lo) * es,
-                   j == me ? op->in + lo * es : region(g, j, p), len * es);
+            if (j != me)
+                cl_copy(op->out + ((size_t)j * op->count + lo) * es, region(g, j, p), len * es,
+                        op->nt);
         break;
     case K_BC:
         if (me != op->root)
-            memcpy(op->out + lo * es, region(g, op->root, p), len * es);
+            cl_copy(op->out + lo * es, region(g, op->root, p), len * es, op->nt);
         break;
     }
+    if (op->nt)
+        cl_nt_fence(); /* the streaming stores land before the op reports this step done */
 }
 
 /* Advance `op` as far as possible without blocking (no Python API: may run without the GIL).
@@ -794,6 +809,7 @@ static int Segment_init(Segment *g, PyObject *args, PyObject *kw) {
     g->spin = spin;
     g->yield_us = 0;
     g->sleep = 1;
+    g->nt_min = CL_NT_MIN_DEFAULT;
     g->next_step = 1;
     g->done_step = 0;
     Py_INCREF(group_name);
@@ -866,6 +882,8 @@ static PyObject *Segment_op(Segment *g, PyObject *const *args, Py_ssize_t nargs)
     op->chunk = g->slot / op->es / (op->kind == K_RS ? (size_t)g->n : 1);
     op->nchunks = (op->count + op->chunk - 1) / op->chunk;
     op->total = (int64_t)op->nchunks * STEPS_PER_CHUNK[op->kind];
+    size_t outbytes = op->count * op->es * (op->kind == K_AG ? (size_t)g->n : 1);
+    op->nt = CL_HAVE_NT && outbytes >= (size_t)g->nt_min;
     op->state = OP_NEW;
     op->cur = op->s0 = 0;
     op->phase = 0;
@@ -877,10 +895,16 @@ static PyObject *Segment_idle(Segment *g, PyObject *unused) {
     return PyBool_FromLong(g->done_step == g->next_step - 1);
 }
 
-/* The non-negative long attributes: spin (which 0) and yield_us (which 1). */
+/* The non-negative long attributes: spin (which 0), yield_us (which 1) and nt_min (which 2). */
 static long *segment_long(Segment *g, void *which) {
-    return (intptr_t)which ? &g->yield_us : &g->spin;
+    switch ((intptr_t)which) {
+    case 0: return &g->spin;
+    case 1: return &g->yield_us;
+    default: return &g->nt_min;
+    }
 }
+
+static const char *const LONG_NAMES[] = {"spin", "yield_us", "nt_min"};
 
 static PyObject *Segment_get_long(Segment *g, void *which) {
     return PyLong_FromLong(*segment_long(g, which));
@@ -890,7 +914,7 @@ static int Segment_set_long(Segment *g, PyObject *v, void *which) {
     long s = v ? PyLong_AsLong(v) : -1;
     if (s < 0) {
         if (!PyErr_Occurred())
-            PyErr_Format(PyExc_ValueError, "%s must be >= 0", (intptr_t)which ? "yield_us" : "spin");
+            PyErr_Format(PyExc_ValueError, "%s must be >= 0", LONG_NAMES[(intptr_t)which]);
         return -1;
     }
     *segment_long(g, which) = s;
@@ -940,6 +964,8 @@ static PyGetSetDef Segment_getset[] = {
      "polls before giving the core away", (void *)0},
     {"yield_us", (getter)Segment_get_long, (setter)Segment_set_long,
      "with sleep True: microseconds of sched_yield after spinning, before sleeping", (void *)1},
+    {"nt_min", (getter)Segment_get_long, (setter)Segment_set_long,
+     "outputs of at least this many bytes are written with streaming stores", (void *)2},
     {"sleep", (getter)Segment_get_sleep, (setter)Segment_set_sleep,
      "after spinning: True sleeps on the lagging peer's flag (futex), False calls sched_yield",
      NULL},

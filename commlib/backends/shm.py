@@ -149,6 +149,9 @@ def attach(group):
                     group.name, error or "another rank could not map it", backend.name)
         return None
     seg.sleep = sleep
+    stream = config.get("shm_stream_bytes")
+    if stream is not None:
+        seg.nt_min = stream
     log.info("group %s: shared-memory segment of %d bytes (%d ranks x 2 x %d), spin %d, then %s",
              group.name, seg.nbytes, group.size, slot, spin, "sleep" if sleep else "yield")
     return seg

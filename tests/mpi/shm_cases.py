@@ -79,7 +79,7 @@ def case_segment():
             commlib.all_reduce(t, algorithm="shm_oneshot" if i % 2 else "shm_twoshot")
             assert torch.equal(t, torch.full((3000,), float(n * (n - 1) // 2 + n * i))), (sleep, i)
     g.shm.sleep, g.shm.spin, g.shm.yield_us = sleep0, spin, 0
-    for name, bad in (("spin", -1), ("yield_us", -5)):
+    for name, bad in (("spin", -1), ("yield_us", -5), ("nt_min", -1)):
         try:
             setattr(g.shm, name, bad)
         except ValueError as exc:
@@ -119,16 +119,33 @@ def case_reduce_scatter():
 
 def case_movement():
     r, n = commlib.get_rank(), commlib.get_world_size()
-    for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.uint8):
-        for m in counts(n):
-            inputs = [data(k, m, dtype, "SUM") for k in range(n)]
-            out = torch.empty(n * m, dtype=dtype)
-            commlib.all_gather_into_tensor(out, inputs[r], algorithm="shm")
-            assert torch.equal(out, torch.cat(inputs)), (dtype, m)
-            for root in {0, n - 1}:
+    shm = commlib.get_world_group().shm
+    for stream in (False, True):  # streaming stores into every output (nt_min 0), or the default
+        if shm is not None:
+            default = shm.nt_min
+            shm.nt_min = 0 if stream else default
+        for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.uint8):
+            for m in counts(n) + ([4099, 3 * 1024 + 1] if stream else []):  # odd byte counts
+                inputs = [data(k, m, dtype, "SUM") for k in range(n)]
+                base = torch.empty(n * m * dtype.itemsize + 64, dtype=torch.uint8)
+                for shift in (0, 3) if stream and dtype.itemsize == 1 else (0,):  # misaligned
+                    out = base[shift:shift + n * m * dtype.itemsize].view(dtype)
+                    commlib.all_gather_into_tensor(out, inputs[r], algorithm="shm")
+                    assert torch.equal(out, torch.cat(inputs)), (dtype, m, stream, shift)
+                for root in {0, n - 1}:
+                    t = inputs[r].clone()
+                    commlib.broadcast(t, group_src=root, algorithm="shm")
+                    assert torch.equal(t, inputs[root]), (dtype, m, root, stream)
+            if stream:  # the two-shot all-reduce gathers the peers' slices the same way
+                m = counts(n)[-1]
+                inputs = [data(k, m, dtype, "SUM") for k in range(n)]
                 t = inputs[r].clone()
-                commlib.broadcast(t, group_src=root, algorithm="shm")
-                assert torch.equal(t, inputs[root]), (dtype, m, root)
+                if dtype is not torch.bool:
+                    commlib.all_reduce(t, algorithm="shm_twoshot")
+                    assert close(t, reference(inputs, "SUM", dtype), dtype), (dtype, m)
+                    assert identical_everywhere(t)
+        if shm is not None:
+            shm.nt_min = default
     # NumPy, non-contiguous tensors and 2-d shapes take the same paths
     t = torch.full((6, 4), float(r + 1)).t()
     commlib.all_reduce(t, op="max")
