@@ -322,13 +322,20 @@ static void do_write(ShmOp *op, int64_t idx) {
     case K_AR1:
         memcpy(mine, op->in + lo * es, len * es);
         break;
-    case K_AG: { /* my block into my region and into my part of the output, in pieces that stay
-                  * in L1 between the two copies (the input is read once) */
-        char *src = op->in + lo * es, *dst = op->out + ((size_t)g->rank * op->count + lo) * es;
+    case K_AG: { /* my block into my region; with streaming stores (a large output: memory
+                  * bound) also into my part of the output, in pieces that stay in L1 between the
+                  * two copies (the input is read once); else that copy follows the flag
+                  * (do_own), while the peers copy their blocks in */
+        char *src = op->in + lo * es;
+        if (!op->nt) {
+            memcpy(mine, src, len * es);
+            break;
+        }
+        char *dst = op->out + ((size_t)g->rank * op->count + lo) * es;
         for (size_t at = 0, nb = len * es; at < nb; at += CL_COPY_PIECE) {
             size_t m = nb - at < CL_COPY_PIECE ? nb - at : CL_COPY_PIECE;
             memcpy(mine + at, src + at, m);
-            cl_copy(dst + at, src + at, m, op->nt);
+            cl_copy_nt(dst + at, src + at, m);
         }
         break;
     }
@@ -353,6 +360,16 @@ static void do_write(ShmOp *op, int64_t idx) {
             memcpy(mine, op->out + lo * es, len * es);
         break;
     }
+}
+
+/* Work of step `idx` that needs no peer, done after publishing it: the all-gather's own block
+ * into the output when do_write did not already. */
+static void do_own(ShmOp *op, int64_t idx) {
+    if (op->kind != K_AG || op->nt)
+        return;
+    size_t lo = (size_t)idx * op->chunk, es = op->es;
+    size_t len = op->count - lo < op->chunk ? op->count - lo : op->chunk;
+    memcpy(op->out + ((size_t)op->seg->rank * op->count + lo) * es, op->in + lo * es, len * es);
 }
 
 static void do_read(ShmOp *op, int64_t idx) {
@@ -397,7 +414,7 @@ static void do_read(ShmOp *op, int64_t idx) {
                               : region(g, j, p) + (size_t)me * op->chunk * es;
         reduce(op->out + lo * es, NULL, srcs, n, len, op->op, op->avg);
         break;
-    case K_AG: /* the peers' blocks from their regions (mine was copied with do_write) */
+    case K_AG: /* the peers' blocks from their regions (mine: do_write or do_own) */
         for (int j = 0; j < n; j++)
             if (j != me)
                 cl_copy(op->out + ((size_t)j * op->count + lo) * es, region(g, j, p), len * es,
@@ -424,6 +441,7 @@ static int advance(ShmOp *op) {
             do_write(op, op->cur);
             atomic_store_explicit(&g->flags[g->rank].step, (uint64_t)s, memory_order_seq_cst);
             flag_wake(&g->flags[g->rank]);
+            do_own(op, op->cur);
             op->phase = 1;
         }
         for (int j = 0; j < g->n; j++)
