@@ -150,10 +150,10 @@ OPTIONS: dict[str, Option] = {
                "Bytes of one shared-memory region (each rank has two per group); larger "
                "messages are pipelined through it in chunks. A multiple of 4096."),
         Option("shm_stream_bytes", None, _parse_optional_int,
-               "Shared-memory collectives whose output has at least this many bytes copy into "
-               "it with streaming (non-temporal) stores, which skip reading the destination "
-               "first: faster once the output is too large for the caches, slower below. "
-               "Default: 16 MiB (docs/shm.md); a huge value turns them off."),
+               "A shared-memory all-gather whose output has at least this many bytes copies "
+               "into it with streaming (non-temporal) stores, which skip reading the "
+               "destination first: faster once the output is too large for the caches, slower "
+               "below. Default: 16 MiB (docs/shm.md); a huge value turns them off."),
         Option("shm_spin", None, _parse_optional_int,
                "Polls a rank waiting on shared memory spins before it yields its core. Default: "
                "2000 (about 50 us), or 50 when the group's ranks outnumber the cores."),
