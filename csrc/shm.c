@@ -335,7 +335,8 @@ static void do_write(ShmOp *op, int64_t idx) {
         for (size_t at = 0, nb = len * es; at < nb; at += CL_COPY_PIECE) {
             size_t m = nb - at < CL_COPY_PIECE ? nb - at : CL_COPY_PIECE;
             memcpy(mine + at, src + at, m);
-            cl_copy_nt(dst + at, src + at, m);
+            if (dst != src) /* in place: the input is this part of the output already */
+                cl_copy_nt(dst + at, src + at, m);
         }
         break;
     }
@@ -369,7 +370,9 @@ static void do_own(ShmOp *op, int64_t idx) {
         return;
     size_t lo = (size_t)idx * op->chunk, es = op->es;
     size_t len = op->count - lo < op->chunk ? op->count - lo : op->chunk;
-    memcpy(op->out + ((size_t)op->seg->rank * op->count + lo) * es, op->in + lo * es, len * es);
+    char *dst = op->out + ((size_t)op->seg->rank * op->count + lo) * es, *src = op->in + lo * es;
+    if (dst != src) /* in place: the input is this part of the output already */
+        memcpy(dst, src, len * es);
 }
 
 static void do_read(ShmOp *op, int64_t idx) {

@@ -132,7 +132,7 @@ def default_head_chunks(kv_heads: int, size: int) -> int:
 # Ring passes (head groups x key segments) the default aims at, and the fewest tokens a segment
 # takes of each layout chunk. During the backward three pass-sized buffers are in flight (the
 # block held, the next one, one set of dK/dV accumulators) and each kernel call returns dK/dV for
-# its keys, so with one KV head per group and no segments a rank holds ~1.2 q-sized tensors
+# its keys, so with one KV head per group and no segments a rank holds ~1.4 q-sized tensors
 # beyond the eight (q, k, v, out, their gradients) it keeps; 2 segments bring that to ~0.8, 3 to
 # ~0.65. But every pass adds kernel calls (each paying per query row: dout's copy, merging or
 # adding the rows' results) and ring steps (each a synchronization of neighbours): measured at 2
