@@ -76,7 +76,10 @@ def worker(args) -> int:
             fns["(auto)"] = functools.partial(run, coll, full, part, None)
             if coll == "all_reduce":
                 fns["(mpi4py)"] = functools.partial(comm.Allreduce, MPI.IN_PLACE, full.numpy(), MPI.SUM)
-            times = measure_many(fns, comm, target, rounds)
+            # short loops (latency-bound sizes) get more rounds: their medians spread more
+            # (10-15% between two timings of the same algorithm at 4 oversubscribed ranks)
+            times = measure_many(fns, comm, target,
+                                 rounds if args.quick or nbytes > 65536 else 2 * rounds + 1)
             measured = {a: times[a] for a in names}
             others = {k: v for k, v in times.items() if k.startswith("(")}
             predicted = {x.algorithm: x.seconds for x in predictions(coll, size, group, model)}
