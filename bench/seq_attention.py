@@ -149,6 +149,7 @@ def comm_alone(args, algorithm: str, local) -> float:
     """The transfers of one forward+backward with no compute in between: the ring's K/V hops
     (twice for rsa's K then V passes) and the backward's K/V and (dK, dV) hops, pass by pass as
     the ring sends them (its head groups x key segments, each pass's K/V packed in one message)."""
+    from commlib.nn._layout import LAYOUTS
     from commlib.nn._plan import plan_ring
 
     n = commlib.get_world_size()
@@ -163,7 +164,7 @@ def comm_alone(args, algorithm: str, local) -> float:
                         _ring._CarryKV([(t.shape, t.dtype, t.device) for t in (k, v)]))
         return time.perf_counter() - t0
     hk = k.shape[2]
-    per = 2 if args.layout == "zigzag" else 1
+    per = LAYOUTS[args.layout].chunks_per_rank
     c = k.shape[1] // per
     hc = args.head_chunks or F.default_head_chunks(hk, n)
     sc = args.seq_chunks or F.default_seq_chunks(hc, c, n)

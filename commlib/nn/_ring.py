@@ -230,6 +230,14 @@ BACKWARD_ROW_SHARE = 1 / 64
 MIN_ROWS = 128
 
 
+def _sub_blocks(h: int, kv_heads: slice, seq_chunks: int):
+    """A pass's sub-blocks (one KV head with its query heads, of the pass's ``h`` query heads)
+    and the poll pieces each is cut into while the step's transfer runs (see SUBBLOCKS)."""
+    hk = kv_heads.stop - kv_heads.start
+    subs = head_groups(h, hk, hk)
+    return subs, max(2, -(-SUBBLOCKS // (len(subs) * seq_chunks)))
+
+
 def _bounds(lo: int, hi: int, parts: int, done: Callable[[], bool], cap: int | None = None):
     """[a, b) pieces of [lo, hi): ``parts`` equal ones while ``done()`` is false (the step's
     transfer is still in flight and needs poll points between kernel calls), then the rest in
@@ -348,8 +356,7 @@ class RingAttention(torch.autograd.Function):
         lse_acc = torch.empty(b, h, sl, dtype=acc_dtype, device=q.device)
         for qh, kh, spans in ring_passes(h, k.shape[2], c, per, chunks, seq_chunks):
             qt, out_g, lse_g = _bhsd(q)[:, qh], out_acc[:, qh], lse_acc[:, qh]
-            subs = head_groups(qt.shape[1], kh.stop - kh.start, kh.stop - kh.start)
-            pieces = max(2, -(-SUBBLOCKS // (len(subs) * seq_chunks)))
+            subs, pieces = _sub_blocks(qt.shape[1], kh, seq_chunks)
             assign = spans[0][0] == 0  # the first segment's step 0 reaches every row first
             pack = _Pack(k, v, spans, kh, plan.size)
 
@@ -386,8 +393,7 @@ class RingAttention(torch.autograd.Function):
         for qh, kh, spans in ring_passes(h, k.shape[2], c, per, chunks, seq_chunks):
             qt, dot, out_g, lse_g = _bhsd(q)[:, qh], _bhsd(dout)[:, qh], out[:, qh], lse[:, qh]
             dq_g = _bhsd(dq_acc)[:, qh]
-            subs = head_groups(qt.shape[1], kh.stop - kh.start, kh.stop - kh.start)
-            pieces = max(2, -(-SUBBLOCKS // (len(subs) * seq_chunks)))
+            subs, pieces = _sub_blocks(qt.shape[1], kh, seq_chunks)
             cap = max(MIN_ROWS, int(sl * h * BACKWARD_ROW_SHARE) // (h // k.shape[2]))
             pack = _Pack(k, v, spans, kh, plan.size)
             carry = _CarryKV(pack.like(k), pack.views)
