@@ -346,25 +346,31 @@ def _usage_error(rank: int, message: str) -> None:
 
 
 # ----- gloo --------------------------------------------------------------------------------
-def start_gloo(b: Bench) -> None:
-    """A gloo process group in these MPI processes: rank and size from MPI, a free port chosen
-    by rank 0 and broadcast. commlib.init() ran first, so commlib stays on MPI."""
+def init_gloo(comm):
+    """torch.distributed with a gloo process group over the ranks of the MPI communicator
+    ``comm`` (rank and size from MPI, a free port chosen by rank 0 and broadcast); returns
+    ``torch.distributed``. commlib.init() runs first, so commlib stays on MPI."""
     import torch.distributed as dist
 
     port = None
-    if b.rank == 0:
+    if comm.rank == 0:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-    port = b.comm.bcast(port, root=0)
+    port = comm.bcast(port, root=0)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.update(MASTER_PORT=str(port), RANK=str(b.rank), WORLD_SIZE=str(b.size))
+    os.environ.update(MASTER_PORT=str(port), RANK=str(comm.rank), WORLD_SIZE=str(comm.size))
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     warnings.filterwarnings("ignore", category=FutureWarning, module="torch")
-    dist.init_process_group("gloo", rank=b.rank, world_size=b.size)
-    b.dist = dist
+    dist.init_process_group("gloo", rank=comm.rank, world_size=comm.size)
+    return dist
+
+
+def start_gloo(b: Bench) -> None:
+    """:func:`init_gloo` for the bench, with its reduction op in gloo's terms."""
+    b.dist = init_gloo(b.comm)
     if b.op is not None:
-        b.dist_op = getattr(dist.ReduceOp, b.op.name, None)
+        b.dist_op = getattr(b.dist.ReduceOp, b.op.name, None)
 
 
 # ----- timing ------------------------------------------------------------------------------

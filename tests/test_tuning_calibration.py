@@ -117,5 +117,11 @@ def test_model_accuracy_bench_reports_its_shares(tmp_path):
     assert [r["size"] for r in ar] == [8, 32, 128, 512, 2048]
     for r in ar:  # the shared-memory algorithms are eligible on one host; hierarchical is not
         assert {"shm_oneshot", "shm_twoshot", "native", "ring"} <= set(r["measured"])
-        assert "hierarchical" not in r["measured"] and set(r["others"]) == {"(auto)", "(mpi4py)"}
+        assert "hierarchical" not in r["measured"]
+        assert set(r["others"]) == {"(auto)", "(mpi4py)", "(gloo)"}
         assert r["picked"] in r["measured"] and all(t > 0 for t in r["measured"].values())
+        # the automatic call's score comes from a second, head-to-head timing of the sweep's best
+        c = r["confirm"]
+        sweep = {**r["measured"], **{k: v for k, v in r["others"].items() if k != "(auto)"}}
+        assert c["best"] == min(sweep, key=sweep.get) and c["auto"] > 0 and c["best_time"] > 0
+    assert all(r["confirm"] is None for r in rows if r["collective"] != "all_reduce")
