@@ -242,13 +242,12 @@ class Bench:
 
 # ----- options -----------------------------------------------------------------------------
 def parse_size(text: str) -> int:
-    text = text.strip().upper().removesuffix("B")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-    number = text[:-1] if mult > 1 else text
+    from commlib.config import parse_bytes
+
     try:
-        value = int(float(number) * mult)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 8, 64K, 64M, 1G)") from None
+        value = parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     if value < 1:
         raise argparse.ArgumentTypeError("sizes must be >= 1 byte")
     return value

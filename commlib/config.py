@@ -71,18 +71,39 @@ def _parse_tristate(text: str) -> bool | None:
     return None if low in ("", "auto") else _parse_bool(low)
 
 
+_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_bytes(text: str) -> int:
+    """A size in bytes: ``4096``, ``64K``, ``16M``, ``1G`` (binary units; ``KiB``, ``MB`` and
+    lower case also read). Raises ValueError naming the text otherwise."""
+    t = text.strip().upper()
+    for suffix in ("IB", "B"):
+        if t.endswith(suffix) and len(t) > len(suffix):
+            t = t[:-len(suffix)]
+            break
+    mult = _UNITS.get(t[-1:], 1)
+    try:
+        value = float(t[:-1] if mult > 1 else t) * mult
+    except ValueError:
+        raise ValueError(f"{text!r} is not a size in bytes (e.g. 4096, 64K, 16M, 1G)") from None
+    if value != int(value):
+        raise ValueError(f"{text!r} is not a whole number of bytes")
+    return int(value)
+
+
 def _parse_slot(text: str) -> int:
-    value = int(text)
+    value = parse_bytes(text)
     if value < 4096 or value % 4096:
         raise ValueError("must be a positive multiple of 4096 bytes")
     return value
 
 
-def _parse_optional_int(text: str) -> int | None:
+def _parse_optional_int(text: str, parse: Callable[[str], int] = int) -> int | None:
     text = text.strip().lower()
     if text in ("", "auto"):
         return None
-    value = int(text)
+    value = parse(text)
     if value < 0:
         raise ValueError("must be >= 0")
     return value
@@ -148,12 +169,13 @@ OPTIONS: dict[str, Option] = {
                "`broadcast` in the size ranges where it wins (docs/shm.md). `0`: engine only."),
         Option("shm_slot_bytes", 1 << 20, _parse_slot,
                "Bytes of one shared-memory region (each rank has two per group); larger "
-               "messages are pipelined through it in chunks. A multiple of 4096."),
-        Option("shm_stream_bytes", None, _parse_optional_int,
+               "messages are pipelined through it in chunks. A multiple of 4096 (`1M`, `256K` "
+               "and plain bytes read)."),
+        Option("shm_stream_bytes", None, lambda text: _parse_optional_int(text, parse_bytes),
                "A shared-memory all-gather whose output has at least this many bytes copies "
                "into it with streaming (non-temporal) stores, which skip reading the "
                "destination first: faster once the output is too large for the caches, slower "
-               "below. Default: 16 MiB (docs/shm.md); a huge value turns them off."),
+               "below. Default: 16 MiB (docs/shm.md); a huge value (`1G`) turns them off."),
         Option("shm_spin", None, _parse_optional_int,
                "Polls a rank waiting on shared memory spins before it yields its core. Default: "
                "2000 (about 50 us), or 50 when the group's ranks outnumber the cores."),

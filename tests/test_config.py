@@ -50,6 +50,9 @@ def test_unrelated_typo_points_to_the_table(monkeypatch):
     ("COMMLIB_DEBUG", "maybe", "1/0, true/false"),
     ("COMMLIB_TIMEOUT_MODE", "explode", "'abort' or 'raise'"),
     ("COMMLIB_LOG", "LOUD", "DEBUG, INFO, WARNING or ERROR"),
+    ("COMMLIB_SHM_STREAM_BYTES", "lots", "is not a size in bytes"),
+    ("COMMLIB_SHM_STREAM_BYTES", "0.1K", "not a whole number of bytes"),
+    ("COMMLIB_SHM_SLOT_BYTES", "6K", "multiple of 4096"),
 ])
 def test_malformed_value_raises_at_init(monkeypatch, var, value, rule):
     monkeypatch.setenv(var, value)
@@ -57,6 +60,15 @@ def test_malformed_value_raises_at_init(monkeypatch, var, value, rule):
         commlib.init(backend="self")
     text = str(info.value)
     assert f"{var}={value!r} is malformed" in text and rule in text and "Fix:" in text, text
+
+
+@pytest.mark.parametrize("text, value", [("4096", 4096), ("64K", 65536), ("16m", 16 << 20),
+                                         ("1MiB", 1 << 20), ("2MB", 2 << 20), ("1G", 1 << 30),
+                                         ("1.5K", 1536)])
+def test_byte_sizes_take_binary_units(monkeypatch, text, value):
+    assert config.parse_bytes(text) == value
+    monkeypatch.setenv("COMMLIB_SHM_STREAM_BYTES", text)
+    assert config.get("shm_stream_bytes") == value
 
 
 def test_precedence_argument_environment_default(monkeypatch):

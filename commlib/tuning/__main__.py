@@ -16,6 +16,7 @@ import argparse
 import os
 import sys
 
+from ..config import parse_bytes
 from ..errors import CommError
 from .machine import plan_machine
 from .model import predict
@@ -30,11 +31,10 @@ _BUSBW = {
 
 
 def _size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper().rstrip("B")
-    if text and text[-1] in units:
-        return int(float(text[:-1]) * units[text[-1]])
-    return int(text)
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _fmt_size(n: int) -> str:
