@@ -51,10 +51,11 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 GAMMA_SIZES = [1 << 20, 4 << 20, 16 << 20]
 
 
-def measure_many(fns: dict, comm, target: float, rounds: int) -> dict:
+def measure_many(fns: dict, comm, target: float, rounds: int, raw: bool = False) -> dict:
     """Median over ``rounds`` of the slowest rank's mean time of each of ``fns`` (name ->
-    callable), after warm-up, each with an iteration count that makes its loop last about
-    ``target`` seconds (agreed by all ranks). The rounds interleave the callables, in an order
+    callable; with ``raw``, every round's time, in round order), after warm-up, each with an
+    iteration count that makes its loop last about ``target`` seconds (agreed by all ranks). The
+    rounds interleave the callables, in an order
     that rotates every round, each loop after one untimed call of its own (the loop before it
     leaves caches in its state), and each round waits out the host's slow phases first
     (bench/_quiet.py): drifts of the machine fall on all of them alike, so their ratios hold."""
@@ -73,7 +74,7 @@ def measure_many(fns: dict, comm, target: float, rounds: int) -> dict:
         for name in names[k % len(names):] + names[:k % len(names)]:
             fns[name]()
             samples[name].append(_time_loop(fns[name], iters[name], comm))
-    return {name: statistics.median(v) for name, v in samples.items()}
+    return samples if raw else {name: statistics.median(v) for name, v in samples.items()}
 
 
 def measure(fn, comm, target: float, rounds: int) -> float:

@@ -124,4 +124,5 @@ def test_model_accuracy_bench_reports_its_shares(tmp_path):
         c = r["confirm"]
         sweep = {**r["measured"], **{k: v for k, v in r["others"].items() if k != "(auto)"}}
         assert c["best"] == min(sweep, key=sweep.get) and c["auto"] > 0 and c["best_time"] > 0
+        assert c["ratio"] > 0
     assert all(r["confirm"] is None for r in rows if r["collective"] != "all_reduce")
