@@ -55,10 +55,10 @@ def measure_many(fns: dict, comm, target: float, rounds: int, raw: bool = False)
     """Median over ``rounds`` of the slowest rank's mean time of each of ``fns`` (name ->
     callable; with ``raw``, every round's time, in round order), after warm-up, each with an
     iteration count that makes its loop last about ``target`` seconds (agreed by all ranks). The
-    rounds interleave the callables, in an order
-    that rotates every round, each loop after one untimed call of its own (the loop before it
-    leaves caches in its state), and each round waits out the host's slow phases first
-    (bench/_quiet.py): drifts of the machine fall on all of them alike, so their ratios hold."""
+    rounds interleave the callables, in an order that rotates every round, each loop after one
+    untimed call of its own (the loop before it leaves caches in its state), and each round
+    waits out the host's slow phases first (bench/_quiet.py): drifts of the machine fall on all
+    of them alike, so their ratios hold."""
     quiet = quiet_for(comm)  # every communicator measured: main() sets the patience
     quiet.wait()
     iters = {}

@@ -8,6 +8,7 @@ that a typo is an error and not a silently ignored setting.
 from __future__ import annotations
 
 import difflib
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -87,7 +88,7 @@ def parse_bytes(text: str) -> int:
         value = float(t[:-1] if mult > 1 else t) * mult
     except ValueError:
         raise ValueError(f"{text!r} is not a size in bytes (e.g. 4096, 64K, 16M, 1G)") from None
-    if value != int(value):
+    if not math.isfinite(value) or value != int(value):
         raise ValueError(f"{text!r} is not a whole number of bytes")
     return int(value)
 

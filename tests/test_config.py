@@ -52,6 +52,7 @@ def test_unrelated_typo_points_to_the_table(monkeypatch):
     ("COMMLIB_LOG", "LOUD", "DEBUG, INFO, WARNING or ERROR"),
     ("COMMLIB_SHM_STREAM_BYTES", "lots", "is not a size in bytes"),
     ("COMMLIB_SHM_STREAM_BYTES", "0.1K", "not a whole number of bytes"),
+    ("COMMLIB_SHM_STREAM_BYTES", "inf", "not a whole number of bytes"),
     ("COMMLIB_SHM_SLOT_BYTES", "6K", "multiple of 4096"),
 ])
 def test_malformed_value_raises_at_init(monkeypatch, var, value, rule):
