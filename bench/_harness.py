@@ -28,7 +28,6 @@ import json
 import math
 import os
 import platform
-import socket
 import statistics
 import sys
 import time
@@ -347,21 +346,26 @@ def _usage_error(rank: int, message: str) -> None:
 # ----- gloo --------------------------------------------------------------------------------
 def init_gloo(comm):
     """torch.distributed with a gloo process group over the ranks of the MPI communicator
-    ``comm`` (rank and size from MPI, a free port chosen by rank 0 and broadcast); returns
-    ``torch.distributed``. commlib.init() runs first, so commlib stays on MPI."""
+    ``comm``; returns ``torch.distributed``. Rank 0 opens the rendezvous store on a port the
+    kernel picks and broadcasts it (a port found free and then opened by the store can be taken
+    in between: seen once in CI as EADDRINUSE). commlib.init() runs first, so commlib stays on
+    MPI."""
+    from datetime import timedelta
+
     import torch.distributed as dist
 
-    port = None
+    host, wait = "127.0.0.1", timedelta(seconds=120)
+    store = port = None
     if comm.rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        store = dist.TCPStore(host, 0, comm.size, is_master=True, timeout=wait,
+                              wait_for_workers=False)
+        port = store.port
     port = comm.bcast(port, root=0)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.update(MASTER_PORT=str(port), RANK=str(comm.rank), WORLD_SIZE=str(comm.size))
+    if comm.rank != 0:
+        store = dist.TCPStore(host, port, comm.size, is_master=False, timeout=wait)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     warnings.filterwarnings("ignore", category=FutureWarning, module="torch")
-    dist.init_process_group("gloo", rank=comm.rank, world_size=comm.size)
+    dist.init_process_group("gloo", store=store, rank=comm.rank, world_size=comm.size)
     return dist
 
 
