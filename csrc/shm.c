@@ -310,6 +310,11 @@ static inline void slice_of(size_t len, int n, int j, size_t *a, size_t *b) {
     *b = hi < len ? hi : len;
 }
 
+/* This rank's block of the all-gather's output, from element `lo`. */
+static inline char *own_out(ShmOp *op, size_t lo) {
+    return op->out + ((size_t)op->seg->rank * op->count + lo) * op->es;
+}
+
 static void do_write(ShmOp *op, int64_t idx) {
     Segment *g = op->seg;
     int spc = STEPS_PER_CHUNK[op->kind];
@@ -331,7 +336,7 @@ static void do_write(ShmOp *op, int64_t idx) {
             memcpy(mine, src, len * es);
             break;
         }
-        char *dst = op->out + ((size_t)g->rank * op->count + lo) * es;
+        char *dst = own_out(op, lo);
         for (size_t at = 0, nb = len * es; at < nb; at += CL_COPY_PIECE) {
             size_t m = nb - at < CL_COPY_PIECE ? nb - at : CL_COPY_PIECE;
             memcpy(mine + at, src + at, m);
@@ -370,7 +375,7 @@ static void do_own(ShmOp *op, int64_t idx) {
         return;
     size_t lo = (size_t)idx * op->chunk, es = op->es;
     size_t len = op->count - lo < op->chunk ? op->count - lo : op->chunk;
-    char *dst = op->out + ((size_t)op->seg->rank * op->count + lo) * es, *src = op->in + lo * es;
+    char *dst = own_out(op, lo), *src = op->in + lo * es;
     if (dst != src) /* in place: the input is this part of the output already */
         memcpy(dst, src, len * es);
 }
