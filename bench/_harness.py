@@ -169,6 +169,8 @@ class Bench:
 
     # buffers and data
     def empty(self, count: int) -> torch.Tensor:
+        if self.args.shared:  # collective: every rank allocates the same buffers in order
+            return commlib.shared_empty(count, dtype=self.dtype)
         return torch.empty(count, dtype=self.dtype)
 
     def pattern(self, rank: int, count: int, start: int = 0) -> torch.Tensor:
@@ -315,6 +317,10 @@ def build_parser(coll: Collective) -> argparse.ArgumentParser:
     p.add_argument("--patience", type=float, default=60.0, metavar="S",
                    help="--compare: before each round, wait up to S seconds for the host's slow "
                         "phases to pass (bench/_quiet.py; 0: do not check; default 60)")
+    p.add_argument("--shared", action="store_true",
+                   help="allocate every buffer with commlib.shared_empty (memory all ranks map, "
+                        "read in place by commlib's shared-memory collectives; the same buffers "
+                        "for every implementation)")
     p.add_argument("--json", metavar="FILE", default=None, help="write every row to FILE")
     p.add_argument("--plot", metavar="FILE", default=None,
                    help="write a busbw-vs-size PNG (needs matplotlib)")
@@ -505,7 +511,7 @@ def header(b: Bench, sizes: list[int]) -> list[str]:
         f"time: per-rank mean over iters, {avg} over ranks (-a {a.average})"
         + (f"  rounds {a.rounds} (median)" if a.compare else ""),
         f"#  commlib backend {commlib.get_world_group().backend.name}, algorithm "
-        f"{a.algorithm or 'auto'};  {MPI.Get_library_version().splitlines()[0].strip()};  "
+        f"{a.algorithm or 'auto'}{', buffers commlib.shared_empty' if a.shared else ''};  {MPI.Get_library_version().splitlines()[0].strip()};  "
         f"mpi4py {__import__('mpi4py').__version__};  torch {torch.__version__}",
     ]
     hosts = b.comm.gather((os.getpid(), platform.node()), root=0)

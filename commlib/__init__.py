@@ -47,6 +47,7 @@ from .group import (
     is_initialized,
     new_group,
 )
+from .memory import shared_empty
 from .ops import ReduceOp
 
 __version__ = "0.1.0"
@@ -56,7 +57,7 @@ __all__ = [
     "new_group", "Group", "Mesh", "Work", "ReduceOp", "P2POp",
     "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
     "reduce_scatter_tensor", "all_to_all_single", "send", "recv", "isend", "irecv",
-    "batch_isend_irecv", "barrier",
+    "batch_isend_irecv", "barrier", "shared_empty",
     "CommError", "CommArgumentError", "CommTypeError", "CommConfigError", "CommStateError",
     "CommMismatchError", "CommTimeoutError", "CommBackendError", "CommUnsupportedError",
 ]

@@ -9,7 +9,8 @@
  * /dev/shm even when a rank is killed):
  *
  *   header: magic, nranks, slot bytes, data offset, the pid of every rank
- *   flags:  one 64-bit step counter per rank, each on its own 128-byte line
+ *   flags:  one 128-byte line per rank: its step counter, its read counter (the last step it
+ *           has finished reading) and, per parity, where its data of the step is
  *   data:   2 regions ("parities") of `slot` bytes per rank
  *
  * Protocol. Every collective is a sequence of steps numbered 1, 2, 3, ... on the group (the same
@@ -22,6 +23,13 @@
  * step s + 2 only after completing step s + 1, i.e. after seeing every peer publish s + 1, and a
  * peer publishes s + 1 only after it finished reading step s. Release/acquire on the flags orders
  * the data writes before the flag on every architecture (no reliance on x86's store order).
+ *
+ * Shared buffers (Segment.share, commlib.shared_empty): memory every rank of the group maps.
+ * When the data a rank provides (the all-gather's or reduce-scatter's input, the broadcast root's
+ * buffer) lies in one, step 1 publishes its offset in the flag line instead of copying it into
+ * the region, and the peers read it in place: one copy instead of two. The buffer belongs to the
+ * caller again when the operation returns, so that rank completes only once every peer's read
+ * counter has reached the last step.
  *
  * Operations are resumable state machines (ShmOp): progress() advances as far as possible without
  * blocking, so the same code serves a blocking call (spin briefly, then sched_yield with the GIL
@@ -73,8 +81,15 @@
 
 typedef struct {
     _Atomic uint64_t step;
-    _Atomic uint32_t waiters; /* ranks asleep in futex_wait on this flag */
-    char pad[CL_LINE - sizeof(uint64_t) - sizeof(uint32_t)];
+    _Atomic uint32_t waiters;     /* ranks asleep in futex_wait on `step` */
+    _Atomic uint32_t ack_waiters; /* ranks asleep in futex_wait on `read_step` */
+    _Atomic uint64_t read_step;   /* the last step whose reads this rank has finished */
+    /* Per parity: where the peers find this rank's data of the step, when it is not in the
+     * rank's region: shared buffer `buf` (index of Segment.share, or -1: the region) at byte
+     * `off`. Plain fields, published by the release store of `step`. */
+    int64_t buf[2];
+    uint64_t off[2];
+    char pad[CL_LINE - 6 * sizeof(uint64_t)];
 } flag_t;
 
 /* ----- sleeping on a flag ------------------------------------------------------------------ */
@@ -88,32 +103,36 @@ typedef struct {
  * peers and signals are still noticed. */
 #define CL_SLEEP_NS 2000000L
 #ifdef __linux__
-static inline uint32_t *flag_word(flag_t *f) {
+static inline uint32_t *low_word(_Atomic uint64_t *w) {
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    return (uint32_t *)&f->step + 1;
+    return (uint32_t *)w + 1;
 #else
-    return (uint32_t *)&f->step;
+    return (uint32_t *)w;
 #endif
 }
 
-static void flag_wake(flag_t *f) {
-    if (atomic_load_explicit(&f->waiters, memory_order_seq_cst) != 0)
-        syscall(SYS_futex, flag_word(f), FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+/* Wake the ranks asleep on counter `w` (`waiters` of them), after storing it. */
+static void word_wake(_Atomic uint64_t *w, _Atomic uint32_t *waiters) {
+    if (atomic_load_explicit(waiters, memory_order_seq_cst) != 0)
+        syscall(SYS_futex, low_word(w), FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
-/* Sleep until flag f may have reached `need` (or CL_SLEEP_NS passed). */
-static void flag_sleep(flag_t *f, uint64_t need) {
-    atomic_fetch_add_explicit(&f->waiters, 1, memory_order_seq_cst);
-    uint64_t seen = atomic_load_explicit(&f->step, memory_order_seq_cst);
+/* Sleep until counter `w` may have reached `need` (or CL_SLEEP_NS passed). */
+static void word_sleep(_Atomic uint64_t *w, _Atomic uint32_t *waiters, uint64_t need) {
+    atomic_fetch_add_explicit(waiters, 1, memory_order_seq_cst);
+    uint64_t seen = atomic_load_explicit(w, memory_order_seq_cst);
     if (seen < need) {
         struct timespec ts = {0, CL_SLEEP_NS};
-        syscall(SYS_futex, flag_word(f), FUTEX_WAIT, (uint32_t)seen, &ts, NULL, 0);
+        syscall(SYS_futex, low_word(w), FUTEX_WAIT, (uint32_t)seen, &ts, NULL, 0);
     }
-    atomic_fetch_sub_explicit(&f->waiters, 1, memory_order_seq_cst);
+    atomic_fetch_sub_explicit(waiters, 1, memory_order_seq_cst);
 }
 #else
-static void flag_wake(flag_t *f) { (void)f; }
-static void flag_sleep(flag_t *f, uint64_t need) { (void)f; (void)need; sched_yield(); }
+static void word_wake(_Atomic uint64_t *w, _Atomic uint32_t *waiters) { (void)w, (void)waiters; }
+static void word_sleep(_Atomic uint64_t *w, _Atomic uint32_t *waiters, uint64_t need) {
+    (void)w, (void)waiters, (void)need;
+    sched_yield();
+}
 #endif
 
 typedef struct {
@@ -276,6 +295,11 @@ typedef struct {
     PyObject *broken_msg;
     PyObject *error_cls; /* raised when a peer died or the segment is unusable */
     PyObject *name;      /* the group's name, for messages */
+    /* Shared buffers (Segment.share): buffer k of rank j is mapped here at shared[k * n + j],
+     * `shared_len[k]` bytes; 0 once this rank's own buffer k is gone (its address may be reused). */
+    char **shared;
+    size_t *shared_len;
+    Py_ssize_t nshared;
 } Segment;
 
 enum { OP_NEW = 0, OP_RUNNING = 1, OP_DONE = 2 };
@@ -289,6 +313,8 @@ struct ShmOp {
     int64_t s0, total, cur;
     int phase; /* 0: write and publish step s0 + cur next; 1: wait for the peers */
     int nt;    /* copies into the output use streaming stores (a large output: see copy_nt.h) */
+    int64_t shared;    /* the shared buffer holding the data this rank provides, or -1 */
+    size_t shared_off; /* its byte offset in that buffer */
     int state;
     unsigned long polls;
 };
@@ -315,6 +341,23 @@ static inline char *own_out(ShmOp *op, size_t lo) {
     return op->out + ((size_t)op->seg->rank * op->count + lo) * op->es;
 }
 
+/* Publish where the peers find this rank's data of the step of parity `p`: byte `off` of the
+ * source in its shared buffer (returns 1: nothing to copy), or its region (returns 0). */
+static inline int publish_data(ShmOp *op, int p, size_t off) {
+    flag_t *f = &op->seg->flags[op->seg->rank];
+    f->buf[p] = op->shared;
+    f->off[p] = op->shared_off + off;
+    return op->shared >= 0;
+}
+
+/* Rank j's data of the step of parity `p`: in its shared buffer at the published offset plus
+ * `extra`, or in its region plus `region_off`. */
+static inline char *peer_data(Segment *g, int j, int p, size_t extra, size_t region_off) {
+    flag_t *f = &g->flags[j];
+    int64_t k = f->buf[p];
+    return k >= 0 ? g->shared[k * g->n + j] + f->off[p] + extra : region(g, j, p) + region_off;
+}
+
 static void do_write(ShmOp *op, int64_t idx) {
     Segment *g = op->seg;
     int spc = STEPS_PER_CHUNK[op->kind];
@@ -330,7 +373,10 @@ static void do_write(ShmOp *op, int64_t idx) {
     case K_AG: { /* my block into my region; with streaming stores (a large output: memory
                   * bound) also into my part of the output, in pieces that stay in L1 between the
                   * two copies (the input is read once); else that copy follows the flag
-                  * (do_own), while the peers copy their blocks in */
+                  * (do_own), while the peers copy their blocks in. An input in a shared buffer
+                  * is read in place by the peers (and copied to my output by do_own). */
+        if (publish_data(op, p, lo * es))
+            break;
         char *src = op->in + lo * es;
         if (!op->nt) {
             memcpy(mine, src, len * es);
@@ -355,14 +401,17 @@ static void do_write(ShmOp *op, int64_t idx) {
             }
         }
         break; /* sub 1: the reduced slice was written while reading sub 0 */
-    case K_RS: /* the parts the peers reduce; mine is read from my input */
+    case K_RS: /* the parts the peers reduce (in place when the input is in a shared buffer);
+                * mine is read from my input */
+        if (publish_data(op, p, lo * es))
+            break;
         for (int j = 0; j < g->n; j++)
             if (j != g->rank)
                 memcpy(mine + (size_t)j * op->chunk * es,
                        op->in + ((size_t)j * op->count + lo) * es, len * es);
         break;
     case K_BC:
-        if (g->rank == op->root)
+        if (g->rank == op->root && !publish_data(op, p, lo * es))
             memcpy(mine, op->out + lo * es, len * es);
         break;
     }
@@ -371,7 +420,7 @@ static void do_write(ShmOp *op, int64_t idx) {
 /* Work of step `idx` that needs no peer, done after publishing it: the all-gather's own block
  * into the output when do_write did not already. */
 static void do_own(ShmOp *op, int64_t idx) {
-    if (op->kind != K_AG || op->nt)
+    if (op->kind != K_AG || (op->nt && op->shared < 0))
         return;
     size_t lo = (size_t)idx * op->chunk, es = op->es;
     size_t len = op->count - lo < op->chunk ? op->count - lo : op->chunk;
@@ -419,22 +468,31 @@ static void do_read(ShmOp *op, int64_t idx) {
     case K_RS:
         for (int j = 0; j < n; j++)
             srcs[j] = j == me ? op->in + ((size_t)me * op->count + lo) * es
-                              : region(g, j, p) + (size_t)me * op->chunk * es;
+                              : peer_data(g, j, p, (size_t)me * op->count * es,
+                                          (size_t)me * op->chunk * es);
         reduce(op->out + lo * es, NULL, srcs, n, len, op->op, op->avg);
         break;
-    case K_AG: /* the peers' blocks from their regions (mine: do_write or do_own) */
+    case K_AG: /* the peers' blocks (mine: do_write or do_own) */
         for (int j = 0; j < n; j++)
             if (j != me)
-                cl_copy(op->out + ((size_t)j * op->count + lo) * es, region(g, j, p), len * es,
-                        op->nt);
+                cl_copy(op->out + ((size_t)j * op->count + lo) * es, peer_data(g, j, p, 0, 0),
+                        len * es, op->nt);
         break;
     case K_BC:
         if (me != op->root)
-            memcpy(op->out + lo * es, region(g, op->root, p), len * es);
+            memcpy(op->out + lo * es, peer_data(g, op->root, p, 0, 0), len * es);
         break;
     }
     if (op->nt)
         cl_nt_fence(); /* the streaming stores land before the op reports this step done */
+}
+
+/* A peer that has not finished reading step `s`, or -1. */
+static int lagging_reader(Segment *g, uint64_t s) {
+    for (int j = 0; j < g->n; j++)
+        if (atomic_load_explicit(&g->flags[j].read_step, memory_order_acquire) < s)
+            return j;
+    return -1;
 }
 
 /* Advance `op` as far as possible without blocking (no Python API: may run without the GIL).
@@ -447,8 +505,9 @@ static int advance(ShmOp *op) {
             if (g->done_step != s - 1)
                 return 0; /* an earlier operation of this segment is still running */
             do_write(op, op->cur);
-            atomic_store_explicit(&g->flags[g->rank].step, (uint64_t)s, memory_order_seq_cst);
-            flag_wake(&g->flags[g->rank]);
+            flag_t *mine = &g->flags[g->rank];
+            atomic_store_explicit(&mine->step, (uint64_t)s, memory_order_seq_cst);
+            word_wake(&mine->step, &mine->waiters);
             do_own(op, op->cur);
             op->phase = 1;
         }
@@ -456,10 +515,17 @@ static int advance(ShmOp *op) {
             if (atomic_load_explicit(&g->flags[j].step, memory_order_acquire) < (uint64_t)s)
                 return 0;
         do_read(op, op->cur);
+        flag_t *mine = &g->flags[g->rank];
+        atomic_store_explicit(&mine->read_step, (uint64_t)s, memory_order_seq_cst);
+        word_wake(&mine->read_step, &mine->ack_waiters);
         g->done_step = s;
         op->phase = 0;
         op->cur++;
     }
+    /* The peers read my shared buffer in place: it stays untouched until they have all finished
+     * reading (the caller may write it as soon as the operation returns). */
+    if (op->shared >= 0 && lagging_reader(g, (uint64_t)(op->s0 + op->total - 1)) >= 0)
+        return 0;
     op->state = OP_DONE;
     return 1;
 }
@@ -603,12 +669,21 @@ static int op_start(ShmOp *op) {
     return 0;
 }
 
-/* Sleep on the first peer flag behind the step this rank is in (done_step + 1). */
+/* Sleep on the first peer flag behind the step this rank is in (done_step + 1); when the
+ * running operation has read every step, on the read counter of the first peer still reading
+ * this rank's shared buffer. */
 static void wait_for_peers(Segment *g) {
+    ShmOp *op = g->fifo_head < g->fifo_len ? g->fifo[g->fifo_head] : NULL;
+    if (op != NULL && op->cur == op->total) {
+        int j = lagging_reader(g, (uint64_t)g->done_step);
+        if (j >= 0)
+            word_sleep(&g->flags[j].read_step, &g->flags[j].ack_waiters, (uint64_t)g->done_step);
+        return;
+    }
     uint64_t need = (uint64_t)(g->done_step + 1);
     for (int j = 0; j < g->n; j++) {
         if (atomic_load_explicit(&g->flags[j].step, memory_order_acquire) < need) {
-            flag_sleep(&g->flags[j], need);
+            word_sleep(&g->flags[j].step, &g->flags[j].waiters, need);
             return;
         }
     }
@@ -854,6 +929,8 @@ static void Segment_dealloc(Segment *g) {
     segment_unmap(g);
     Segment_release_fifo(g);
     PyMem_Free(g->fifo);
+    PyMem_Free(g->shared);
+    PyMem_Free(g->shared_len);
     Py_XDECREF(g->name);
     Py_XDECREF(g->error_cls);
     Py_XDECREF(g->broken_msg);
@@ -864,6 +941,19 @@ static PyObject *Segment_close(Segment *g, PyObject *unused) {
     segment_unmap(g);
     Segment_release_fifo(g);
     Py_RETURN_NONE;
+}
+
+/* This rank's shared buffer holding the bytes [p, p + nbytes), or -1; the offset in *off. */
+static int64_t find_shared(Segment *g, const char *p, size_t nbytes, size_t *off) {
+    for (Py_ssize_t k = 0; k < g->nshared; k++) {
+        const char *b = g->shared[k * g->n + g->rank];
+        size_t len = g->shared_len[k];
+        if (len && p >= b && nbytes <= len && (size_t)(p - b) <= len - nbytes) {
+            *off = (size_t)(p - b);
+            return k;
+        }
+    }
+    return -1;
 }
 
 /* op(kind, in_ptr, out_ptr, count, dtype, op, avg, root) -> ShmOp (not started).
@@ -914,11 +1004,77 @@ static PyObject *Segment_op(Segment *g, PyObject *const *args, Py_ssize_t nargs)
      * at 64-256 MiB, 4x slower once at 16 MiB): both keep normal stores */
     op->nt = CL_HAVE_NT && op->kind == K_AG &&
              op->count * op->es * (size_t)g->n >= (size_t)g->nt_min;
+    /* the data the peers read from this rank, in place when it lies in a shared buffer */
+    op->shared = -1;
+    op->shared_off = 0;
+    if (op->kind == K_AG || op->kind == K_RS)
+        op->shared = find_shared(g, op->in, op->count * op->es * (op->kind == K_RS ? g->n : 1),
+                                 &op->shared_off);
+    else if (op->kind == K_BC && op->root == g->rank)
+        op->shared = find_shared(g, op->out, op->count * op->es, &op->shared_off);
     op->state = OP_NEW;
     op->cur = op->s0 = 0;
     op->phase = 0;
     op->polls = 0;
     return (PyObject *)op;
+}
+
+/* share(addresses, nbytes) -> index: a shared buffer of `nbytes`, rank j's copy mapped here at
+ * addresses[j] (collective: every rank registers its buffers in the same order, so the index
+ * names the same buffer on every rank). The all-gather, reduce-scatter and broadcast read the
+ * data of a rank whose input lies in one in place, from the peers' mappings. */
+static PyObject *Segment_share(Segment *g, PyObject *args) {
+    PyObject *seq;
+    Py_ssize_t nbytes;
+    if (!PyArg_ParseTuple(args, "On", &seq, &nbytes) || check_usable(g) < 0)
+        return NULL;
+    PyObject *fast = PySequence_Fast(seq, "share: addresses must be a sequence");
+    if (fast == NULL)
+        return NULL;
+    if (PySequence_Fast_GET_SIZE(fast) != g->n || nbytes <= 0) {
+        Py_DECREF(fast);
+        PyErr_Format(PyExc_ValueError, "share: %d addresses and a positive size needed", g->n);
+        return NULL;
+    }
+    char **a = PyMem_Realloc(g->shared, sizeof(char *) * (size_t)(g->nshared + 1) * (size_t)g->n);
+    if (a == NULL) {
+        Py_DECREF(fast);
+        return PyErr_NoMemory();
+    }
+    g->shared = a;
+    size_t *l = PyMem_Realloc(g->shared_len, sizeof(size_t) * (size_t)(g->nshared + 1));
+    if (l == NULL) {
+        Py_DECREF(fast);
+        return PyErr_NoMemory();
+    }
+    g->shared_len = l;
+    for (int j = 0; j < g->n; j++) {
+        void *p = PyLong_AsVoidPtr(PySequence_Fast_GET_ITEM(fast, j));
+        if (p == NULL) {
+            Py_DECREF(fast);
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "share: a null address");
+            return NULL;
+        }
+        a[g->nshared * g->n + j] = p;
+    }
+    Py_DECREF(fast);
+    l[g->nshared] = (size_t)nbytes;
+    return PyLong_FromSsize_t(g->nshared++);
+}
+
+/* unshare(index): this rank's buffer `index` is gone; its address range may hold other data
+ * from now on, so operations no longer look it up (the peers' mappings stay valid). */
+static PyObject *Segment_unshare(Segment *g, PyObject *arg) {
+    Py_ssize_t k = PyLong_AsSsize_t(arg);
+    if (k == -1 && PyErr_Occurred())
+        return NULL;
+    if (k < 0 || k >= g->nshared) {
+        PyErr_Format(PyExc_IndexError, "unshare: no shared buffer %zd", k);
+        return NULL;
+    }
+    g->shared_len[k] = 0;
+    Py_RETURN_NONE;
 }
 
 static PyObject *Segment_idle(Segment *g, PyObject *unused) {
@@ -979,6 +1135,10 @@ static PyMethodDef Segment_methods[] = {
     {"op", (PyCFunction)(void (*)(void))Segment_op, METH_FASTCALL,
      "op(kind, in_ptr, out_ptr, count, dtype, op, avg, root) -> ShmOp"},
     {"close", (PyCFunction)Segment_close, METH_NOARGS, "Unmap the segment."},
+    {"share", (PyCFunction)Segment_share, METH_VARARGS,
+     "share(addresses, nbytes) -> index: register a shared buffer (rank j's at addresses[j])"},
+    {"unshare", (PyCFunction)Segment_unshare, METH_O,
+     "unshare(index): this rank's shared buffer is gone"},
     {"idle", (PyCFunction)Segment_idle, METH_NOARGS, "True when no operation is in flight."},
     {NULL, NULL, 0, NULL},
 };

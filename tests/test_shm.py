@@ -16,7 +16,7 @@ from conftest import ROOT, torchrun_env
 pytest.importorskip("commlib._shm", reason="the C extension is not built (pip install -e .)")
 
 CASES = ("case_segment", "case_all_reduce", "case_reduce_scatter", "case_movement",
-         "case_async_and_polled", "case_two_groups", "case_cuda_ipc_runtime_without_gpu")
+         "case_async_and_polled", "case_two_groups", "case_shared_buffers", "case_cuda_ipc_runtime_without_gpu")
 DIE = ROOT / "tests" / "torch_dist" / "shm_die.py"
 SMALL_SLOT = "4096"  # 1024 float32 per region: the larger test messages span many chunks
 

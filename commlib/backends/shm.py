@@ -20,8 +20,10 @@ no segment and every collective takes the engine's path; ``COMMLIB_LOG=INFO`` sa
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import uuid
+import weakref
 
 import torch
 
@@ -30,7 +32,7 @@ from ..errors import CommBackendError, CommStateError
 from ..ops import ReduceOp
 
 __all__ = ["available", "why_unavailable", "attach", "KIND", "DTYPE_CODES", "OP_CODES",
-           "run_op", "check_usable", "wait_policy"]
+           "run_op", "check_usable", "wait_policy", "share"]
 
 log = logging.getLogger("commlib")
 
@@ -179,3 +181,78 @@ def run_op(ctx, seg, op, name: str):
         return []
     op.start()
     return [op]
+
+
+def _map(path: str, nbytes: int, create: bool) -> tuple[torch.Tensor, mmap.mmap]:
+    """A uint8 tensor over ``nbytes`` of the shared-memory file ``path`` (created and its pages
+    reserved when ``create``: a full /dev/shm fails here with ENOSPC, not later with SIGBUS), and
+    the mapping, which the tensor keeps alive."""
+    fd = os.open(path, (os.O_RDWR | os.O_CREAT | os.O_EXCL) if create else os.O_RDWR, 0o600)
+    try:
+        if create:
+            os.posix_fallocate(fd, 0, nbytes)
+        elif os.fstat(fd).st_size != nbytes:
+            raise OSError(f"{path} has {os.fstat(fd).st_size} bytes, not {nbytes}")
+        mm = mmap.mmap(fd, nbytes)
+    finally:
+        os.close(fd)
+    return torch.frombuffer(mm, dtype=torch.uint8), mm
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def share(group, nbytes: int) -> torch.Tensor | None:
+    """Collective over ``group`` (every rank, the same ``nbytes``, in the same order): a uint8
+    tensor of ``nbytes`` in a shared-memory file of this rank that every rank of the group maps,
+    registered with the group's segment (``Segment.share``) so that collectives read it in place.
+    None where the group has no segment or a rank could not create or map a file (logged).
+
+    Each rank creates its file, every rank maps every file, then each rank unlinks its own name,
+    as for the segment: nothing stays in /dev/shm, and the memory lives as long as a mapping.
+    The peers' mappings live as long as the group's backend: a buffer's memory returns to the
+    system when the group goes, not when its tensor does."""
+    seg, backend = group.shm, group.backend
+    if seg is None or seg.closed:
+        return None
+    size = max(mmap.PAGESIZE, -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE)
+    name = f"/dev/shm/commlib-{os.getpid()}-{uuid.uuid4().hex[:16]}"
+    mine, mapping, error = None, None, ""
+    try:
+        mine, mapping = _map(name, size, True)
+    except OSError as exc:
+        error = str(exc)
+        _unlink(name)
+    raw = torch.zeros(96, dtype=torch.uint8)
+    if mine is not None:
+        raw[:len(name)] = torch.frombuffer(bytearray(name.encode()), dtype=torch.uint8)
+    names = torch.empty(group.size * 96, dtype=torch.uint8)
+    backend.wait([backend.all_gather(names, raw, True)])
+    paths = [bytes(row.tolist()).rstrip(b"\0").decode() for row in names.view(group.size, 96)]
+    views = [None] * group.size
+    if all(paths):
+        for j, path in enumerate(paths):
+            try:
+                views[j] = mine if j == group.rank else _map(path, size, False)[0]
+            except OSError as exc:
+                error = str(exc)
+                break
+    mapped = _all_gather_ints(backend, [int(all(v is not None for v in views))])
+    if mine is not None:
+        _unlink(name)  # every rank has mapped it (or failed): the name is no longer needed
+    if not all(k for (k,) in mapped):
+        log.warning("group %s: no shared buffer of %d bytes (%s); a private one instead",
+                    group.name, nbytes, error or "another rank could not create or map its file")
+        return None
+    index = seg.share([v.data_ptr() for v in views], size)
+    # the own buffer's address range may be reused once its tensor is gone: stop looking it up
+    weakref.finalize(mapping, seg.unshare, index)
+    peers = getattr(backend, "shm_peer_buffers", None)
+    if peers is None:
+        peers = backend.shm_peer_buffers = []
+    peers.extend(v for j, v in enumerate(views) if j != group.rank)
+    return mine[:nbytes]

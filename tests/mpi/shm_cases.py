@@ -224,5 +224,114 @@ def case_cuda_ipc_runtime_without_gpu():
     rt.close()
 
 
+def _fixed_anonymous(addr: int, nbytes: int):
+    """Private anonymous memory mapped at exactly ``addr`` (MAP_FIXED_NOREPLACE), as a uint8
+    tensor, or None where the kernel would not place it there."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    got = libc.mmap(addr, nbytes, mmap.PROT_READ | mmap.PROT_WRITE,
+                    mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x100000, -1, 0)
+    if got != addr:
+        return None
+    return torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(addr), dtype=torch.uint8)
+
+
+def case_shared_buffers():
+    """commlib.shared_empty: inputs every rank maps are read in place by the all-gather, the
+    reduce-scatter and the broadcast (one copy), alone or mixed with private inputs on other
+    ranks, across many chunks, and the caller may overwrite them as soon as a call returns."""
+    import gc
+
+    r, n = commlib.get_rank(), commlib.get_world_size()
+    g = commlib.get_world_group()
+    before = {f for f in os.listdir("/dev/shm") if f.startswith("commlib-")}
+    t = commlib.shared_empty(3, 5, dtype=torch.bfloat16)
+    assert t.shape == (3, 5) and t.dtype is torch.bfloat16 and t.device.type == "cpu"
+    commlib.barrier()  # every rank has unlinked its file's name
+    assert {f for f in os.listdir("/dev/shm") if f.startswith("commlib-")} <= before
+    assert (g.shm is not None) == (n > 1)
+    if g.shm is not None:
+        assert len(g.backend.shm_peer_buffers) >= n - 1
+    assert commlib.shared_empty(0).numel() == 0
+    m = int(os.environ.get("COMMLIB_SHM_SLOT_BYTES", 1 << 20)) // 4 * 3 + 7  # several chunks
+    for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.uint8):
+        inputs = [data(k, m, dtype, "SUM", seed=5) for k in range(n)]
+        for mixed in (False, True):  # True: the odd ranks pass private inputs
+            for stream in (False, True):
+                if g.shm is not None:
+                    default = g.shm.nt_min
+                    g.shm.nt_min = 0 if stream else default
+                src = commlib.shared_empty(m, dtype=dtype)
+                src.copy_(inputs[r])
+                mine = src.clone() if mixed and r % 2 else src
+                out = torch.empty(n * m, dtype=dtype)
+                commlib.all_gather_into_tensor(out, mine, algorithm="shm")
+                assert torch.equal(out, torch.cat(inputs)), (dtype, mixed, stream)
+                if g.shm is not None:
+                    g.shm.nt_min = default
+            for root in {0, n - 1}:
+                buf = commlib.shared_empty(m, dtype=dtype)
+                buf.copy_(inputs[r])
+                mine = buf.clone() if mixed and r % 2 else buf
+                commlib.broadcast(mine, group_src=root, algorithm="shm")
+                assert torch.equal(mine, inputs[root]), (dtype, mixed, root)
+    for dtype in (torch.float32, torch.bfloat16, torch.int32):
+        for op in OPS_FLOAT if dtype.is_floating_point else OPS_INT:
+            inputs = [data(k, n * m, dtype, op, seed=6) for k in range(n)]
+            src = commlib.shared_empty(n * m, dtype=dtype)
+            src.copy_(inputs[r])
+            out = torch.empty(m, dtype=dtype)
+            commlib.reduce_scatter_tensor(out, src, op=op, algorithm="shm")
+            want = reference(inputs, op, dtype)[r * m:(r + 1) * m]
+            assert close(out, want, dtype), (dtype, op)
+            assert torch.equal(src, inputs[r]), (dtype, op)  # read, never written
+    # Overwritten right after every call (blocking and async): a rank returns only once its peers
+    # have read its buffer, so no peer ever sees the next round's values.
+    src = commlib.shared_empty(m)
+    out = torch.empty(n * m)
+    for i in range(30):
+        src.fill_(float(100 * i + r))
+        if i % 3 == 2:
+            commlib.all_gather_into_tensor(out, src, async_op=True).wait()
+        else:
+            commlib.all_gather_into_tensor(out, src)
+        want = torch.arange(n, dtype=torch.float32).add(100 * i).repeat_interleave(m)
+        assert torch.equal(out, want), i
+    # A buffer that is gone is no longer read in place, even when new memory takes its address.
+    if g.shm is not None:
+        old = commlib.shared_empty(m)
+        old.fill_(-1.0)
+        addr, nbytes = old.data_ptr(), old.untyped_storage().nbytes()
+        del old
+        gc.collect()
+        fresh = _fixed_anonymous(addr, nbytes)
+        assert fresh is not None, "the freed buffer's address range was not free again"
+        x = fresh[:m * 4].view(torch.float32)
+        x.fill_(float(r))
+        commlib.all_gather_into_tensor(out, x, algorithm="shm")
+        assert torch.equal(out, torch.arange(n, dtype=torch.float32).repeat_interleave(m))
+        del x, fresh  # the memory stays mapped (a test process)
+    # Disagreement raises on every rank, before anything is allocated.
+    if n > 1:
+        try:
+            commlib.shared_empty(10 + r)
+            raise AssertionError("ranks asking for different sizes were not refused")
+        except commlib.CommMismatchError as exc:
+            assert "different sizes" in str(exc) and "Fix:" in str(exc)
+        try:
+            commlib.shared_empty(-1 if r == n - 1 else 4)
+            raise AssertionError("a negative size was not refused")
+        except commlib.CommArgumentError as exc:
+            assert ("argument 'size'" in str(exc)) == (r == n - 1), str(exc)
+            assert "Fix:" in str(exc)
+    commlib.barrier()
+    assert {f for f in os.listdir("/dev/shm") if f.startswith("commlib-")} <= before
+
+
 if __name__ == "__main__":
     main(globals())
