@@ -374,9 +374,16 @@ static void do_write(ShmOp *op, int64_t idx) {
                   * bound) also into my part of the output, in pieces that stay in L1 between the
                   * two copies (the input is read once); else that copy follows the flag
                   * (do_own), while the peers copy their blocks in. An input in a shared buffer
-                  * is read in place by the peers (and copied to my output by do_own). */
-        if (publish_data(op, p, lo * es))
+                  * is read in place by the peers. With streaming stores my copy of it comes
+                  * first, so that the peers read it from my cache and not from memory a second
+                  * time (measured at 2 ranks: 32-256 MiB took 10-20% longer than the two-copy
+                  * path with the copy after the flag, 14-18% less with it before); in cache
+                  * (do_own) it does not matter. */
+        if (publish_data(op, p, lo * es)) {
+            if (op->nt && own_out(op, lo) != op->in + lo * es)
+                cl_copy_nt(own_out(op, lo), op->in + lo * es, len * es);
             break;
+        }
         char *src = op->in + lo * es;
         if (!op->nt) {
             memcpy(mine, src, len * es);
@@ -420,7 +427,7 @@ static void do_write(ShmOp *op, int64_t idx) {
 /* Work of step `idx` that needs no peer, done after publishing it: the all-gather's own block
  * into the output when do_write did not already. */
 static void do_own(ShmOp *op, int64_t idx) {
-    if (op->kind != K_AG || (op->nt && op->shared < 0))
+    if (op->kind != K_AG || op->nt)
         return;
     size_t lo = (size_t)idx * op->chunk, es = op->es;
     size_t len = op->count - lo < op->chunk ? op->count - lo : op->chunk;
