@@ -511,7 +511,8 @@ def header(b: Bench, sizes: list[int]) -> list[str]:
         f"time: per-rank mean over iters, {avg} over ranks (-a {a.average})"
         + (f"  rounds {a.rounds} (median)" if a.compare else ""),
         f"#  commlib backend {commlib.get_world_group().backend.name}, algorithm "
-        f"{a.algorithm or 'auto'}{', buffers commlib.shared_empty' if a.shared else ''};  {MPI.Get_library_version().splitlines()[0].strip()};  "
+        f"{a.algorithm or 'auto'}{', buffers commlib.shared_empty' if a.shared else ''};  "
+        f"{MPI.Get_library_version().splitlines()[0].strip()};  "
         f"mpi4py {__import__('mpi4py').__version__};  torch {torch.__version__}",
     ]
     hosts = b.comm.gather((os.getpid(), platform.node()), root=0)

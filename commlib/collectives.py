@@ -324,9 +324,15 @@ def broadcast(tensor, src: int | None = None, group: Group | None = None, async_
 
 
 # ----- all-gather --------------------------------------------------------------------------
-def _prepare_gather_input(inp: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def _prepare_gather_input(inp: torch.Tensor, out: torch.Tensor, rank: int = -1) -> torch.Tensor:
+    """``inp`` flat, cloned where it overlaps ``out``, except when it is exactly block ``rank`` of
+    ``out`` (``rank`` >= 0: the algorithm gathers in place)."""
     flat = inp.reshape(-1) if inp.is_contiguous() else inp.contiguous().view(-1)
-    return flat.clone() if overlaps(flat, out) else flat
+    if not overlaps(flat, out):
+        return flat
+    if rank >= 0 and flat.data_ptr() == out.data_ptr() + rank * flat.numel() * flat.element_size():
+        return flat
+    return flat.clone()
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group: Group | None = None,
@@ -364,7 +370,9 @@ def all_gather_into_tensor(output_tensor, input_tensor, group: Group | None = No
     if post is not None:
         return _run_plan(g, post, (out, inp), fn)
     out_buf, copied = work_view(out, fn, "output_tensor")
-    inp_flat = _prepare_gather_input(inp, out)
+    in_place = getattr(algo, "gathers_in_place", None)
+    own = g.rank if not copied and in_place is not None and in_place(g.backend, out) else -1
+    inp_flat = _prepare_gather_input(inp, out, own)
     gen = algo(_ctx(g, None, g.blocking and not async_op), out_buf, inp_flat)
     finish = (lambda: out.copy_(out_buf)) if copied else None
     return start(gen, finish, (out, out_buf, inp_flat), g, fn, g.seq, async_op)

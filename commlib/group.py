@@ -198,6 +198,7 @@ def finalize() -> None:
         group.broken = "commlib.finalize() released it. Fix: create groups again after commlib.init()"
         if group.shm is not None:
             group.shm.close()
+            group.backend.shm_peer_buffers = None  # the peers' shared buffers (shared_empty)
         if group.backend is not None:
             group.backend.close()
     if _state.excepthook is not None:

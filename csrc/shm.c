@@ -26,10 +26,11 @@
  *
  * Shared buffers (Segment.share, commlib.shared_empty): memory every rank of the group maps.
  * When the data a rank provides (the all-gather's or reduce-scatter's input, the broadcast root's
- * buffer) lies in one, step 1 publishes its offset in the flag line instead of copying it into
- * the region, and the peers read it in place: one copy instead of two. The buffer belongs to the
- * caller again when the operation returns, so that rank completes only once every peer's read
- * counter has reached the last step.
+ * buffer) lies in one, each step publishes where its data is (buffer and offset, in the flag
+ * line, before the release store of the step) instead of copying it into the region, and the
+ * peers read it in place: one copy instead of two. The buffer belongs to the caller again when
+ * the operation returns, so that rank completes only once every peer's read counter (stored with
+ * release after its reads of a step) has reached the operation's last step.
  *
  * Operations are resumable state machines (ShmOp): progress() advances as far as possible without
  * blocking, so the same code serves a blocking call (spin briefly, then sched_yield with the GIL

@@ -115,6 +115,9 @@ def all_gather(ctx, out, inp):
 
 
 all_gather.prepare = _prepare("all_gather")
+# An input that is this rank's block of the output needs no copy: the rank never writes that
+# block (nothing to copy onto itself) and the peers only read it.
+all_gather.gathers_in_place = reduces_natively
 
 
 @register_algorithm("shm", "broadcast")

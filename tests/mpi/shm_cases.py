@@ -274,6 +274,14 @@ def case_shared_buffers():
                 assert torch.equal(out, torch.cat(inputs)), (dtype, mixed, stream)
                 if g.shm is not None:
                     g.shm.nt_min = default
+            # in place: the input is this rank's block of the output (a shared one: the peers
+            # read the block there, and no copy of it is made)
+            full = commlib.shared_empty(n * m, dtype=dtype)
+            if mixed and r % 2:
+                full = torch.empty(n * m, dtype=dtype)
+            full.view(n, m)[r] = inputs[r]
+            commlib.all_gather_into_tensor(full, full.view(n, m)[r], algorithm="shm")
+            assert torch.equal(full, torch.cat(inputs)), (dtype, mixed, "in place")
             for root in {0, n - 1}:
                 buf = commlib.shared_empty(m, dtype=dtype)
                 buf.copy_(inputs[r])
