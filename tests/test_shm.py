@@ -41,10 +41,12 @@ def test_shm_polled_mode(mpirun):
     assert "ok case_two_groups (world size 3)" in proc.stdout, proc.stdout
 
 
-@pytest.mark.parametrize("mode", ["abort", "raise"])
-def test_killed_rank_gives_the_others_an_error(mode, tmp_path):
+@pytest.mark.parametrize("mode,shared", [("abort", False), ("raise", False), ("raise", True)])
+def test_killed_rank_gives_the_others_an_error(mode, shared, tmp_path):
     """Three ranks (started here with torchrun's variables, see tests/torch_dist/shm_die.py for
-    why not mpiexec); the last is SIGKILLed inside a multi-chunk all-reduce. Each survivor raises
+    why not mpiexec); the last is SIGKILLed inside a multi-chunk all-reduce, or (``shared``)
+    after publishing its block of an all-gather whose other inputs are shared buffers, whose
+    owners wait for every peer to have read them before returning. Each survivor raises
     CommBackendError naming the dead rank within seconds, the group then refuses every call with
     the same error, nothing hangs and nothing is left in /dev/shm."""
     report = tmp_path / "report.txt"
@@ -54,7 +56,8 @@ def test_killed_rank_gives_the_others_an_error(mode, tmp_path):
     procs = [subprocess.Popen([sys.executable, str(DIE)], cwd=ROOT, start_new_session=True,
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for env in torchrun_env(3, COMMLIB_SHM_SLOT_BYTES=SMALL_SLOT,
-                                     COMMLIB_TIMEOUT_MODE=mode, SHM_DIE_REPORT=str(report))]
+                                     COMMLIB_TIMEOUT_MODE=mode, SHM_DIE_REPORT=str(report),
+                                     SHM_DIE_SHARED=str(int(shared)))]
     try:
         outputs = [p.communicate(timeout=90)[0] for p in procs]
     finally:

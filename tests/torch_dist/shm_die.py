@@ -28,13 +28,32 @@ def main() -> None:
     assert commlib.get_world_group().shm is not None, "the test needs a shared-memory segment"
     t = torch.ones(200_000)
     commlib.all_reduce(t)  # everyone is in step and the segment works
-    if r == n - 1:
-        commlib.all_reduce(torch.ones(200_000), async_op=True)  # posts its first chunk, then dies
-        os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get("SHM_DIE_SHARED") == "1":
+        # The survivors gather from a shared input (read in place), which they may not hand
+        # back before every peer has read it; the last rank publishes its block and dies before
+        # reading: they must not wait forever for it to finish reading.
+        src = commlib.shared_empty(1000)
+        src.fill_(float(r))
+        out = torch.empty(n * 1000)
+        if r == n - 1:
+            work = commlib.all_gather_into_tensor(out, torch.ones(1000), async_op=True)
+            work.is_completed()  # one chunk: publishes its block (the others are not there yet)
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(1.0)
+
+        def collective():
+            commlib.all_gather_into_tensor(out, src)
+    else:
+        if r == n - 1:  # posts its first chunk, then dies
+            commlib.all_reduce(torch.ones(200_000), async_op=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        def collective():
+            commlib.all_reduce(torch.ones(200_000))
     start = time.monotonic()
     try:
-        commlib.all_reduce(torch.ones(200_000))
-        say(f"rank {r} completed the all-reduce without its peer")
+        collective()
+        say(f"rank {r} completed the collective without its peer")
     except commlib.CommBackendError as exc:
         took = time.monotonic() - start
         say(f"rank {r} caught CommBackendError after {took:.2f} s: {exc}")
