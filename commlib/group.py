@@ -7,6 +7,8 @@ import logging
 import math
 import os
 import sys
+import time
+import traceback
 from typing import Sequence
 
 from . import _plans, _watchdog, config
@@ -179,9 +181,15 @@ def _install_abort_hook(backend: Backend) -> None:
     previous = sys.excepthook
 
     def hook(exc_type, exc, tb):
-        previous(exc_type, exc, tb)
+        if previous is sys.__excepthook__:
+            # One write, not one per line: mpiexec forwards what reached it when the abort
+            # ends the job, and once passed on only the first two lines of the traceback (CI).
+            sys.stderr.write("".join(traceback.format_exception(exc_type, exc, tb)))
+        else:
+            previous(exc_type, exc, tb)
         sys.stderr.flush()
         sys.stdout.flush()
+        time.sleep(0.2)  # the launcher forwards the output before the abort tears the job down
         backend.abort(1)
 
     _state.excepthook = previous
