@@ -10,8 +10,7 @@ buffers, for CPU tensors: allocate once the buffers a training loop communicates
 
 Nothing else changes: the tensor is an ordinary CPU tensor, any collective takes it, and a call
 whose data is not in a shared buffer (or on some ranks only) runs the two-copy path on those
-ranks. The all-reduce keeps copying: it works in place, so a rank writes the result over the
-input its peers would still be reading.
+ranks. The all-reduce keeps copying (reading in place measured no faster: docs/shm.md).
 
 The memory returns to the system when the group goes (``commlib.finalize()``), not when the
 tensor does: the peers keep their mappings. Allocate buffers once, not per step.
