@@ -86,8 +86,9 @@ typedef struct {
     _Atomic uint32_t ack_waiters; /* ranks asleep in futex_wait on `read_step` */
     _Atomic uint64_t read_step;   /* the last step whose reads this rank has finished */
     /* Per parity: where the peers find this rank's data of the step, when it is not in the
-     * rank's region: shared buffer `buf` (index of Segment.share, or -1: the region) at byte
-     * `off`. Plain fields, published by the release store of `step`. */
+     * rank's region: shared buffer `buf - 1` (an index of Segment.share; 0, as in the new
+     * segment: the region) at byte `off`. Plain fields, published by the release store of
+     * `step`. */
     int64_t buf[2];
     uint64_t off[2];
     char pad[CL_LINE - 6 * sizeof(uint64_t)];
@@ -346,7 +347,7 @@ static inline char *own_out(ShmOp *op, size_t lo) {
  * source in its shared buffer (returns 1: nothing to copy), or its region (returns 0). */
 static inline int publish_data(ShmOp *op, int p, size_t off) {
     flag_t *f = &op->seg->flags[op->seg->rank];
-    f->buf[p] = op->shared;
+    f->buf[p] = op->shared + 1;
     f->off[p] = op->shared_off + off;
     return op->shared >= 0;
 }
@@ -355,7 +356,7 @@ static inline int publish_data(ShmOp *op, int p, size_t off) {
  * `extra`, or in its region plus `region_off`. */
 static inline char *peer_data(Segment *g, int j, int p, size_t extra, size_t region_off) {
     flag_t *f = &g->flags[j];
-    int64_t k = f->buf[p];
+    int64_t k = f->buf[p] - 1;
     return k >= 0 ? g->shared[k * g->n + j] + f->off[p] + extra : region(g, j, p) + region_off;
 }
 
