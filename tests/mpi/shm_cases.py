@@ -52,6 +52,11 @@ def identical_everywhere(t):
     return len(set(MPI.COMM_WORLD.allgather(mine))) == 1
 
 
+def ours_in_dev_shm() -> set[str]:
+    """commlib's names in /dev/shm (segments and shared buffers)."""
+    return {f for f in os.listdir("/dev/shm") if f.startswith("commlib-")}
+
+
 def counts(n):
     slot = int(os.environ.get("COMMLIB_SHM_SLOT_BYTES", 1 << 20))
     return sorted({1, n * 3 + 1, 1000, slot // 2 * 3 + 5})  # the last spans several chunks
@@ -65,7 +70,7 @@ def case_segment():
         return
     assert g.shm is not None and g.shm.size == n and g.shm.rank == g.rank
     MPI.COMM_WORLD.Barrier()
-    assert not [f for f in os.listdir("/dev/shm") if f.startswith("commlib-")], os.listdir("/dev/shm")
+    assert not ours_in_dev_shm(), os.listdir("/dev/shm")
     # both ways of waiting once spinning stops (spin 0: every wait sleeps / yields at once), with
     # ranks arriving late by turns so that waits really happen
     spin, sleep0 = g.shm.spin, g.shm.sleep
@@ -249,11 +254,11 @@ def case_shared_buffers():
 
     r, n = commlib.get_rank(), commlib.get_world_size()
     g = commlib.get_world_group()
-    before = {f for f in os.listdir("/dev/shm") if f.startswith("commlib-")}
+    before = ours_in_dev_shm()
     t = commlib.shared_empty(3, 5, dtype=torch.bfloat16)
     assert t.shape == (3, 5) and t.dtype is torch.bfloat16 and t.device.type == "cpu"
     commlib.barrier()  # every rank has unlinked its file's name
-    assert {f for f in os.listdir("/dev/shm") if f.startswith("commlib-")} <= before
+    assert ours_in_dev_shm() <= before
     assert (g.shm is not None) == (n > 1)
     if g.shm is not None:
         assert len(g.backend.shm_peer_buffers) >= n - 1
@@ -338,7 +343,7 @@ def case_shared_buffers():
             assert ("argument 'size'" in str(exc)) == (r == n - 1), str(exc)
             assert "Fix:" in str(exc)
     commlib.barrier()
-    assert {f for f in os.listdir("/dev/shm") if f.startswith("commlib-")} <= before
+    assert ours_in_dev_shm() <= before
 
 
 if __name__ == "__main__":
