@@ -329,6 +329,14 @@ def case_shared_buffers():
         commlib.all_gather_into_tensor(out, x, algorithm="shm")
         assert torch.equal(out, torch.arange(n, dtype=torch.float32).repeat_interleave(m))
         del x, fresh  # the memory stays mapped (a test process)
+    # Bad arguments everywhere: each rank raises its own error, naming the argument.
+    for args, kw, arg in (((-1,), {}, "size"), ((2.5,), {}, "size"),
+                          ((3,), {"dtype": "float32"}, "dtype")):
+        try:
+            commlib.shared_empty(*args, **kw)
+            raise AssertionError(f"shared_empty{args} {kw} was not refused")
+        except commlib.CommArgumentError as exc:
+            assert f"argument '{arg}'" in str(exc) and "Fix:" in str(exc), str(exc)
     # Disagreement raises on every rank, before anything is allocated.
     if n > 1:
         try:
