@@ -343,6 +343,13 @@ static inline char *own_out(ShmOp *op, size_t lo) {
     return op->out + ((size_t)op->seg->rank * op->count + lo) * op->es;
 }
 
+/* The all-gather's own `len` elements from `lo`: input to output (nothing in place). */
+static inline void copy_own(ShmOp *op, size_t lo, size_t len) {
+    char *dst = own_out(op, lo), *src = op->in + lo * op->es;
+    if (dst != src) /* in place: the input is this part of the output already */
+        cl_copy(dst, src, len * op->es, op->nt);
+}
+
 /* Publish where the peers find this rank's data of the step of parity `p`: byte `off` of the
  * source in its shared buffer (returns 1: nothing to copy), or its region (returns 0). */
 static inline int publish_data(ShmOp *op, int p, size_t off) {
@@ -382,8 +389,8 @@ static void do_write(ShmOp *op, int64_t idx) {
                   * path with the copy after the flag, 14-18% less with it before); in cache
                   * (do_own) it does not matter. */
         if (publish_data(op, p, lo * es)) {
-            if (op->nt && own_out(op, lo) != op->in + lo * es)
-                cl_copy_nt(own_out(op, lo), op->in + lo * es, len * es);
+            if (op->nt)
+                copy_own(op, lo, len);
             break;
         }
         char *src = op->in + lo * es;
@@ -431,11 +438,8 @@ static void do_write(ShmOp *op, int64_t idx) {
 static void do_own(ShmOp *op, int64_t idx) {
     if (op->kind != K_AG || op->nt)
         return;
-    size_t lo = (size_t)idx * op->chunk, es = op->es;
-    size_t len = op->count - lo < op->chunk ? op->count - lo : op->chunk;
-    char *dst = own_out(op, lo), *src = op->in + lo * es;
-    if (dst != src) /* in place: the input is this part of the output already */
-        memcpy(dst, src, len * es);
+    size_t lo = (size_t)idx * op->chunk;
+    copy_own(op, lo, op->count - lo < op->chunk ? op->count - lo : op->chunk);
 }
 
 static void do_read(ShmOp *op, int64_t idx) {
