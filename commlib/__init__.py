@@ -8,23 +8,31 @@ Drop-in for torch.distributed's collectives::
     commlib.all_reduce(t)                # every rank: sum over ranks
 """
 
-from ._progress import Work
-from .collectives import (
-    P2POp,
+from . import tuning
+from .api.collectives import (
     all_gather,
     all_gather_into_tensor,
     all_reduce,
     all_to_all_single,
     barrier,
-    batch_isend_irecv,
     broadcast,
-    irecv,
-    isend,
-    recv,
     reduce,
     reduce_scatter_tensor,
-    send,
 )
+from .api.explain import explain
+from .api.groups import (
+    Group,
+    Mesh,
+    finalize,
+    get_rank,
+    get_world_group,
+    get_world_size,
+    init,
+    is_initialized,
+    new_group,
+)
+from .api.memory import shared_empty
+from .api.p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
 from .errors import (
     CommArgumentError,
     CommBackendError,
@@ -36,28 +44,20 @@ from .errors import (
     CommTypeError,
     CommUnsupportedError,
 )
-from .group import (
-    Group,
-    Mesh,
-    finalize,
-    get_rank,
-    get_world_group,
-    get_world_size,
-    init,
-    is_initialized,
-    new_group,
-)
-from .memory import shared_empty
 from .ops import ReduceOp
+from .runtime.progress import Work
+from .version import __version__
 
-__version__ = "0.1.0"
+# ``commlib.tuning.explain``, the name the docs used first: the same function. (The tuning layer
+# sits below the groups, so the API, which knows the default group, provides it.)
+tuning.explain = explain
 
 __all__ = [
     "init", "finalize", "is_initialized", "get_rank", "get_world_size", "get_world_group",
     "new_group", "Group", "Mesh", "Work", "ReduceOp", "P2POp",
     "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
     "reduce_scatter_tensor", "all_to_all_single", "send", "recv", "isend", "irecv",
-    "batch_isend_irecv", "barrier", "shared_empty",
+    "batch_isend_irecv", "barrier", "shared_empty", "explain",
     "CommError", "CommArgumentError", "CommTypeError", "CommConfigError", "CommStateError",
     "CommMismatchError", "CommTimeoutError", "CommBackendError", "CommUnsupportedError",
 ]

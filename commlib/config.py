@@ -53,13 +53,22 @@ def _parse_optional_str(text: str) -> str | None:
     return text or None
 
 
+# Options whose values name something registered above this module (COMMLIB_ALGO: an algorithm):
+# option name -> a function listing the known names, registered by that layer.
+_CHOICES: dict[str, Callable[[], list[str]]] = {}
+
+
+def register_choices(option: str, names: Callable[[], list[str]]) -> None:
+    """Make option ``option`` accept only the names ``names()`` lists (a typo must not silently
+    fall back to the default). The algorithm registry registers ``algo``."""
+    _CHOICES[option] = names
+
+
 def _parse_algo(text: str) -> str | None:
     name = _parse_optional_str(text)
-    if name is None:
-        return None
-    from .algorithms import COLLECTIVES, algorithm_names  # lazy: algorithms import this module
-
-    known = sorted({a for c in COLLECTIVES for a in algorithm_names(c)})
+    if name is None or "algo" not in _CHOICES:
+        return name
+    known = sorted(_CHOICES["algo"]())
     if name not in known:  # a typo must not silently fall back to the automatic choice
         close = difflib.get_close_matches(name, known, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -132,7 +141,7 @@ OPTIONS: dict[str, Option] = {
         Option("algo", None, _parse_algo,
                "Force one algorithm for every collective that has it (`native`, `ring`, "
                "`recursive_doubling`, `rabenseifner`, `binomial`, `hierarchical`, `shm_oneshot`, "
-               "`shm_twoshot`, `shm`); collectives without it keep the automatic choice (the cost "
+               "`shm_twoshot`, `shm`, `cuda_ipc_oneshot`, `cuda_ipc_twoshot`); collectives without it keep the automatic choice (the cost "
                "model). The `algorithm=` keyword of a call wins over it."),
         Option("timeout", 600.0, _parse_timeout,
                "Seconds before a stuck operation raises `CommTimeoutError` naming the op, group "
@@ -168,6 +177,11 @@ OPTIONS: dict[str, Option] = {
                "Give every group whose ranks share a host a shared-memory segment, used for "
                "CPU `all_reduce`, `reduce_scatter_tensor`, `all_gather_into_tensor` and "
                "`broadcast` in the size ranges where it wins (docs/shm.md). `0`: engine only."),
+        Option("cuda_ipc", True, _parse_bool,
+               "Attach CUDA IPC buffers to every group of GPU ranks on one host (2, 4, 6 or 8 "
+               "GPUs, each rank its own), so that `all_reduce` of CUDA tensors may run "
+               "commlib's one-shot and two-shot kernels where the cost model prefers them to "
+               "NCCL (docs/shm.md). `0`: NCCL only."),
         Option("shm_slot_bytes", 1 << 20, _parse_slot,
                "Bytes of one shared-memory region (each rank has two per group); larger "
                "messages are pipelined through it in chunks. A multiple of 4096 (`1M`, `256K` "

@@ -1,4 +1,4 @@
-/* Copies for the CPU shared-memory path (csrc/shm.c): plain memcpy, or with non-temporal
+/* Copies for the CPU shared-memory path (csrc/shm/protocol.c): plain memcpy, or with non-temporal
  * (streaming) stores for destinations that will not be read again soon and are too large for the
  * caches anyway, such as the output of a large all-gather.
  *

@@ -1,6 +1,6 @@
 /* Per-element math of commlib's reductions: one definition for the CPU shared-memory path
- * (csrc/shm.c, built by gcc) and the CUDA kernels (csrc/cuda_ipc.cu, csrc/kernels.cu, built by
- * nvcc/NVRTC). The semantics are those of commlib.kernels (torch):
+ * (csrc/shm/reduce.c, built by gcc) and the CUDA kernels (csrc/cuda_ipc.cu, csrc/kernels.cu,
+ * built by nvcc/NVRTC). The semantics are those of commlib.kernels (torch):
  *
  *   - float16 and bfloat16 are read as float32, accumulated in float32, and rounded once to
  *     nearest-even at the end (torch's .to(torch.float16 / torch.bfloat16));

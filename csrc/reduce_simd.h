@@ -1,4 +1,5 @@
-/* Vectorized SUM (and AVG) of float16 and bfloat16 for the CPU shared-memory path (csrc/shm.c).
+/* Vectorized SUM (and AVG) of float16 and bfloat16 for the CPU shared-memory path
+ * (csrc/shm/reduce.c).
  *
  * Why: the portable per-element conversions of reduce_math.h do not vectorize (float16 has
  * branches for subnormals, inf and NaN), so a float16 reduction ran at ~1.6 GB/s and a bfloat16

@@ -28,7 +28,7 @@ def test_nvcc_compiles(source, arch, tmp_path):
 
 
 def test_cpu_extension_is_built():
-    """pip install -e . builds commlib._shm from csrc/shm.c (setup.py) where gcc and the Python
+    """pip install -e . builds commlib._shm from csrc/shm/ (setup.py) where gcc and the Python
     headers exist, as on this machine."""
     import commlib._shm as ext
 

@@ -1,4 +1,4 @@
-"""Shared-memory collectives (commlib/backends/shm.py, csrc/shm.c) on real ranks: every
+"""Shared-memory collectives (commlib/backends/shm.py, csrc/shm/) on real ranks: every
 collective x op x dtype at 1 to 4 ranks with messages larger than the segment's regions, async
 and polled operation, two groups at once, and a rank killed mid-collective (the others raise,
 nothing hangs, nothing is left in /dev/shm)."""

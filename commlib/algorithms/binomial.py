@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 
 from ..kernels import reduce_
-from . import register_algorithm
+from .costs import ceil_log2
+from .registry import register_algorithm
 
 
 def _broadcast(ctx, flat, root):
@@ -46,19 +47,32 @@ def _reduce(ctx, acc, root):
         mask <<= 1
 
 
-@register_algorithm("binomial", "broadcast")
+def _broadcast_cost(p, n, link):
+    return ceil_log2(p) * link.step(n)
+
+
+def _reduce_cost(p, n, link):
+    return ceil_log2(p) * (link.step(n) + n * link.gamma)
+
+
+def _all_reduce_cost(p, n, link):
+    """A binomial reduce to rank 0, then a binomial broadcast from it."""
+    return 2 * ceil_log2(p) * link.step(n) + ceil_log2(p) * n * link.gamma
+
+
+@register_algorithm("binomial", "broadcast", cost=_broadcast_cost)
 def broadcast(ctx, buf, root):
     yield from _broadcast(ctx, buf.view(-1), root)
 
 
-@register_algorithm("binomial", "reduce")
+@register_algorithm("binomial", "reduce", cost=_reduce_cost)
 def reduce(ctx, buf, root):
     flat = buf.view(-1)
     # Non-root ranks keep their input: they accumulate in a copy.
     yield from _reduce(ctx, flat if ctx.rank == root else flat.clone(), root)
 
 
-@register_algorithm("binomial", "all_reduce")
+@register_algorithm("binomial", "all_reduce", cost=_all_reduce_cost)
 def all_reduce(ctx, buf):
     flat = buf.view(-1)
     yield from _reduce(ctx, flat, 0)

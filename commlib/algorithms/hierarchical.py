@@ -13,76 +13,48 @@ algorithm runs on every layout (on one host it is a ring all-reduce; with one ra
 engine's), and the cost model offers it only where it can win: two or more hosts, more than one
 rank on some host.
 
-The layout comes from every rank's host (``commlib.topology.host_hash``, so ``COMMLIB_TEST_HOST``
-splits one machine into virtual hosts): all-gathered once per communicator (at group creation,
-through the cost model), and the two sub-communicators are built the first time the algorithm
-runs (every rank runs it at the same call, as it is the agreed choice).
+The layout is the group's (its resources' ``layout``, from every rank's host when the group was
+created: ``commlib.topology.host_hash``, so ``COMMLIB_TEST_HOST`` splits one machine into virtual
+hosts), and the two sub-communicators are built the first time the algorithm runs on a group
+(every rank runs it at the same call, as it is the agreed choice), kept in the group's resources.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import torch
-
-from ..topology.host import host_hash
-from . import Ctx, chunk_bounds, register_algorithm
 from .binomial import _broadcast, _reduce
-from .ring import all_gather_steps, reduce_scatter_steps
+from .registry import Ctx, chunk_bounds, register_algorithm
+from .ring import _all_gather_cost, _reduce_scatter_cost, all_gather_steps, reduce_scatter_steps
 
-__all__ = ["HostLayout", "host_layout"]
-
-
-@dataclass
-class HostLayout:
-    """``hosts[k]``: the ranks (of the group) on host k, hosts in order of their lowest rank."""
-
-    hosts: list[list[int]]
-    local: object | None = None  # this rank's host's communicator (a Backend), built on first use
-    cross: object | None = None  # the communicator of this rank's rail across hosts
-
-    @property
-    def uniform(self) -> bool:
-        return len({len(h) for h in self.hosts}) == 1
-
-    @property
-    def spans_hosts(self) -> bool:
-        """Worth a hierarchical algorithm: >= 2 hosts and more than one rank on some host."""
-        return len(self.hosts) > 1 and max(len(h) for h in self.hosts) > 1
-
-    @property
-    def ranks_per_host(self) -> int:
-        return len(self.hosts[0])
-
-    def communicators(self, backend):
-        """The intra-host and the rail communicators (collective on first call)."""
-        if self.local is None:
-            rails = max(len(h) for h in self.hosts)
-            self.local = backend.split_lines(self.hosts)
-            self.cross = backend.split_lines([[h[i] for h in self.hosts if len(h) > i]
-                                              for i in range(rails)])
-        return self.local, self.cross
+__all__ = ["communicators"]
 
 
-def host_layout(backend) -> HostLayout:
-    """The group's host layout (collective on first use, cached on the backend)."""
-    layout = getattr(backend, "_host_layout", None)
-    if layout is not None:
-        return layout
-    mine = torch.tensor([host_hash()], dtype=torch.int64)
-    every = torch.empty(backend.size, dtype=torch.int64)
-    backend.wait([backend.all_gather(every, mine)])
-    order: dict[int, list[int]] = {}
-    for rank, h in enumerate(every.tolist()):
-        order.setdefault(h, []).append(rank)
-    layout = backend._host_layout = HostLayout(list(order.values()))
-    return layout
+def communicators(res):
+    """The intra-host and the rail communicators of a group with resources ``res`` (collective
+    on first call, then kept in ``res.state``)."""
+    pair = res.state.get("hierarchical")
+    if pair is None:
+        hosts, engine = res.layout.hosts, res.engine
+        rails = max(len(h) for h in hosts)
+        local = engine.split_lines(hosts)
+        cross = engine.split_lines([[h[i] for h in hosts if len(h) > i] for i in range(rails)])
+        pair = res.state["hierarchical"] = (local, cross)
+    return pair
 
 
-@register_algorithm("hierarchical", "all_reduce")
+def _all_reduce_cost(p, local, n, intra, inter, flat):
+    """Intra-host ring reduce-scatter, then an all-reduce of each rank's 1/local shard among the
+    p/local ranks holding the same shard on other hosts (all shards at once, each with the
+    cheapest flat algorithm for its size), then the intra-host all-gather. ``flat``: the
+    single-level cost formulas of all_reduce, by name."""
+    hosts = p // local
+    across = min(fn(hosts, n / local, inter) for fn in flat.values())
+    return _reduce_scatter_cost(local, n, intra) + across + _all_gather_cost(local, n, intra)
+
+
+@register_algorithm("hierarchical", "all_reduce", cost_two_level=_all_reduce_cost)
 def all_reduce(ctx, buf):
-    layout = host_layout(ctx.backend)
-    local, cross = layout.communicators(ctx.backend)
+    layout = ctx.res.layout
+    local, cross = communicators(ctx.res)
     flat = buf.view(-1)
     inner = Ctx(local, local.rank, local.size, ctx.tag, ctx.op)
     if layout.uniform:

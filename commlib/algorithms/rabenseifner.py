@@ -12,7 +12,9 @@ from __future__ import annotations
 import torch
 
 from ..kernels import reduce_
-from . import _fold, chunk_bounds, register_algorithm
+from . import _fold
+from .costs import doubling_shape, halving
+from .registry import chunk_bounds, register_algorithm
 from .recursive_doubling import all_gather_steps
 
 
@@ -33,7 +35,20 @@ def reduce_scatter_steps(ctx, flat, bounds, me, rem):
         lo, width = mine, half
 
 
-@register_algorithm("rabenseifner", "all_reduce")
+def _all_reduce_cost(p, n, link):
+    """Halving steps of n/2 ... n/p2, doubling back, and the fold's whole-buffer steps."""
+    p2, k, f = doubling_shape(p)
+    return (2 * halving(k, n, link) + (p2 - 1) / p2 * n * link.gamma
+            + f * (2 * link.step(n) + n * link.gamma))
+
+
+def _reduce_scatter_cost(p, n, link):
+    p2, k, f = doubling_shape(p)
+    return (halving(k, n, link) + (p2 - 1) / p2 * n * link.gamma
+            + f * (link.step(n) + link.step(n / p) + n * link.gamma))
+
+
+@register_algorithm("rabenseifner", "all_reduce", cost=_all_reduce_cost)
 def all_reduce(ctx, buf):
     flat = buf.view(-1)
     p2, rem = _fold.shape(ctx.size)
@@ -46,7 +61,7 @@ def all_reduce(ctx, buf):
     yield from _fold.fold_out(ctx, flat, rem)
 
 
-@register_algorithm("rabenseifner", "reduce_scatter")
+@register_algorithm("rabenseifner", "reduce_scatter", cost=_reduce_scatter_cost)
 def reduce_scatter(ctx, out, inp):
     # Core rank k reduces the blocks of the ranks it stands for, first_rank(k)..real_rank(k),
     # and hands block r - 1 back to the even rank r - 1 it folded in.

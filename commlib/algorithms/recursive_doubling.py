@@ -15,7 +15,9 @@ from __future__ import annotations
 import torch
 
 from ..kernels import reduce_
-from . import _fold, register_algorithm
+from . import _fold
+from .costs import doubling_shape, halving
+from .registry import register_algorithm
 
 
 def all_gather_steps(ctx, flat, bounds, me, rem):
@@ -33,7 +35,19 @@ def all_gather_steps(ctx, flat, bounds, me, rem):
         width *= 2
 
 
-@register_algorithm("recursive_doubling", "all_reduce")
+def _all_reduce_cost(p, n, link):
+    """log2(p2) whole-buffer exchanges and reductions, plus the fold's two steps."""
+    p2, k, f = doubling_shape(p)
+    return k * (link.step(n) + n * link.gamma) + f * (2 * link.step(n) + n * link.gamma)
+
+
+def _all_gather_cost(p, n, link):
+    """Doubling blocks n/p2 ... n/2, plus the fold's block in and whole buffer out."""
+    p2, k, f = doubling_shape(p)
+    return halving(k, n, link) + f * (link.step(n / p) + link.step(n))
+
+
+@register_algorithm("recursive_doubling", "all_reduce", cost=_all_reduce_cost)
 def all_reduce(ctx, buf):
     flat = buf.view(-1)
     p2, rem = _fold.shape(ctx.size)
@@ -50,7 +64,7 @@ def all_reduce(ctx, buf):
     yield from _fold.fold_out(ctx, flat, rem)
 
 
-@register_algorithm("recursive_doubling", "all_gather")
+@register_algorithm("recursive_doubling", "all_gather", cost=_all_gather_cost)
 def all_gather(ctx, out, inp):
     n, r = inp.numel(), ctx.rank
     flat, mine = out.view(-1), inp.view(-1)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels import reduce_
-from . import chunk_bounds, register_algorithm
+from .registry import chunk_bounds, register_algorithm
 
 
 def _chunk(flat, bounds, i):
@@ -39,7 +39,20 @@ def all_gather_steps(ctx, flat, bounds):
         yield [ctx.isend(send, right), ctx.irecv(into, left)]
 
 
-@register_algorithm("ring", "all_reduce")
+def _all_reduce_cost(p, n, link):
+    """2(p-1) steps of n/p bytes; (p-1)/p of the buffer reduced."""
+    return 2 * (p - 1) * link.step(n / p) + (p - 1) / p * n * link.gamma
+
+
+def _reduce_scatter_cost(p, n, link):
+    return (p - 1) * link.step(n / p) + (p - 1) / p * n * link.gamma
+
+
+def _all_gather_cost(p, n, link):
+    return (p - 1) * link.step(n / p)
+
+
+@register_algorithm("ring", "all_reduce", cost=_all_reduce_cost)
 def all_reduce(ctx, buf):
     flat = buf.view(-1)
     bounds = chunk_bounds(flat.numel(), ctx.size)
@@ -47,7 +60,7 @@ def all_reduce(ctx, buf):
     yield from all_gather_steps(ctx, flat, bounds)
 
 
-@register_algorithm("ring", "reduce_scatter")
+@register_algorithm("ring", "reduce_scatter", cost=_reduce_scatter_cost)
 def reduce_scatter(ctx, out, inp):
     n = out.numel()
     work = inp.reshape(-1).clone()  # the caller's input stays as it was
@@ -55,7 +68,7 @@ def reduce_scatter(ctx, out, inp):
     out.view(-1).copy_(work[ctx.rank * n:(ctx.rank + 1) * n])
 
 
-@register_algorithm("ring", "all_gather")
+@register_algorithm("ring", "all_gather", cost=_all_gather_cost)
 def all_gather(ctx, out, inp):
     n = inp.numel()
     flat = out.view(-1)

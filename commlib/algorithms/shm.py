@@ -1,4 +1,4 @@
-"""Collectives through the group's shared-memory segment (commlib/backends/shm.py, csrc/shm.c).
+"""Collectives through the group's shared-memory segment (commlib/transports/shm.py, csrc/shm/).
 
 * ``shm_oneshot`` all_reduce: every rank copies its input into its region, then reduces every
   region in rank order. The order is the same on every rank, so the results are bitwise
@@ -13,8 +13,13 @@ Messages larger than a region (``COMMLIB_SHM_SLOT_BYTES``) are pipelined chunk b
 A group without a segment (one rank, ranks on several hosts, COMMLIB_SHM=0) runs these names as
 the engine's native collective, so that a forced algorithm works on every group. Where the group
 has a segment, every dtype is reduced here directly (float16/bfloat16 accumulate in float32 and round once;
-AVG divides in the accumulation type), which the ``reduces_natively`` attribute tells the API
+AVG divides in the accumulation type), which the record's ``reduces_natively`` tells the API
 layer (for groups with a segment), so it neither upcasts nor divides.
+
+Costs (used when calibration has not measured their curves, priced on the table's ``shm`` link:
+``α`` a flag handshake, ``β`` a copy's seconds per byte, ``γ`` a read-and-reduce's) are next to
+each algorithm; the records name the ``shm`` transport, so the selector offers them only where
+the group has a segment.
 
 A blocking call runs in C to completion (``ctx.blocking``); otherwise the operation is started
 and returned as the handle the poll loop and ``Work`` advance.
@@ -24,9 +29,10 @@ from __future__ import annotations
 
 import torch
 
-from ..backends.shm import DTYPE_CODES, KIND, OP_CODES, check_usable, run_op
 from ..ops import ReduceOp
-from . import native, register_algorithm
+from ..transports.shm import DTYPE_CODES, KIND, OP_CODES, run_op
+from . import native
+from .registry import register_algorithm
 
 __all__ = ["all_reduce_oneshot", "all_reduce_twoshot"]
 
@@ -34,17 +40,18 @@ _SUM = OP_CODES[ReduceOp.SUM]
 _U8 = DTYPE_CODES[torch.uint8]
 
 
-def _segment(ctx, t, name: str):
-    """The group's segment, or None: no segment, or a CUDA buffer (cuda_ipc's business)."""
-    seg = getattr(ctx.backend, "shm", None)
+def _segment(ctx, t):
+    """The group's segment, or None: no segment (or a bare communicator), or a CUDA buffer. (A
+    group that cannot run operations any more never gets here: the API checks before.)"""
+    res = ctx.res
+    seg = res.shm if res is not None else None
     if seg is None or t.is_cuda:
         return None
-    check_usable(ctx.backend, name)
     return seg
 
 
 def _reduction(ctx, kind: str, out, inp, count: int, name: str):
-    seg = _segment(ctx, out, name)
+    seg = _segment(ctx, out)
     if seg is None:  # a group without a segment (one rank, several hosts): the engine's own
         fallback = native.reduce_scatter if kind == "reduce_scatter" else native.all_reduce
         return fallback(ctx, out, inp) if kind == "reduce_scatter" else fallback(ctx, out)
@@ -55,18 +62,19 @@ def _reduction(ctx, kind: str, out, inp, count: int, name: str):
     return run_op(ctx, seg, handle, name)
 
 
-def reduces_natively(backend, t) -> bool:
-    """Whether this algorithm reduces ``t`` itself on ``backend`` (every dtype, AVG included):
-    true where it runs on a segment, false where it falls back to the engine."""
-    return getattr(backend, "shm", None) is not None and not t.is_cuda
+def reduces_natively(res, t) -> bool:
+    """Whether this algorithm reduces ``t`` itself on a group with resources ``res`` (every
+    dtype, AVG included): true where it runs on a segment, false where it falls back to the
+    engine."""
+    return res.shm is not None and not t.is_cuda
 
 
 def _prepare(kind: str):
     """``prepare(backend, out, inp, op, blocking)``: a pre-bound C call for repeated blocking calls
-    on the same buffers (commlib/_plans.py), or None. It holds the buffers' addresses, never the
-    tensors. ``op`` is None for all_gather (bytes are moved, any dtype)."""
-    def prepare(backend, out, inp, op, blocking):
-        seg = getattr(backend, "shm", None)
+    on the same buffers (commlib/runtime/plans.py), or None. It holds the buffers' addresses, never
+    the tensors. ``op`` is None for all_gather (bytes are moved, any dtype)."""
+    def prepare(res, out, inp, op, blocking):
+        seg = res.shm
         if not blocking or seg is None or seg.closed or out.is_cuda:
             return None
         if kind == "all_gather":
@@ -81,32 +89,58 @@ def _all_reduce(kind: str):
     def algorithm(ctx, buf):
         return _reduction(ctx, kind, buf, buf, buf.numel(), "all_reduce")
 
-    algorithm.prepare = _prepare(kind)
-    algorithm.reduces_natively = reduces_natively
     algorithm.__name__ = algorithm.__qualname__ = f"all_reduce_{kind}"
     return algorithm
 
 
-all_reduce_oneshot = register_algorithm("shm_oneshot", "all_reduce")(_all_reduce("oneshot"))
-all_reduce_twoshot = register_algorithm("shm_twoshot", "all_reduce")(_all_reduce("twoshot"))
+def _oneshot_cost(p, n, link):
+    # copy in; reduce all p regions into the output (the first one copied)
+    return link.alpha + 2 * n * link.beta + (p - 1) * n * link.gamma
 
 
-@register_algorithm("shm", "reduce_scatter")
+def _twoshot_cost(p, n, link):
+    # copy in the peers' slices; reduce own slice (own part from the input) into the output and
+    # the region; copy the peers' reduced slices out
+    return 2 * link.alpha + 2 * n * link.beta + (p - 1) / p * n * link.gamma
+
+
+def _reduce_scatter_cost(p, n, link):
+    # copy in the peers' blocks; reduce own block (own part from the input) into the output
+    return link.alpha + n * link.beta + (p - 1) / p * n * link.gamma
+
+
+def _all_gather_cost(p, n, link):
+    return link.alpha + (1 + 1 / p) * n * link.beta
+
+
+def _broadcast_cost(p, n, link):
+    return link.alpha + 2 * n * link.beta
+
+
+all_reduce_oneshot = register_algorithm(
+    "shm_oneshot", "all_reduce", cost=_oneshot_cost, transport="shm", prepare=_prepare("oneshot"),
+    reduces_natively=reduces_natively)(_all_reduce("oneshot"))
+all_reduce_twoshot = register_algorithm(
+    "shm_twoshot", "all_reduce", cost=_twoshot_cost, transport="shm", prepare=_prepare("twoshot"),
+    reduces_natively=reduces_natively)(_all_reduce("twoshot"))
+
+
+@register_algorithm("shm", "reduce_scatter", cost=_reduce_scatter_cost, transport="shm",
+                    prepare=_prepare("reduce_scatter"), reduces_natively=reduces_natively)
 def reduce_scatter(ctx, out, inp):
     return _reduction(ctx, "reduce_scatter", out, inp, out.numel(), "reduce_scatter_tensor")
-
-
-reduce_scatter.reduces_natively = reduces_natively
-reduce_scatter.prepare = _prepare("reduce_scatter")
 
 
 def _bytes(t):
     return t.view(-1).view(torch.uint8)  # data movement: any dtype, as bytes
 
 
-@register_algorithm("shm", "all_gather")
+# An input that is this rank's block of the output needs no copy: the rank never writes that
+# block (nothing to copy onto itself) and the peers only read it.
+@register_algorithm("shm", "all_gather", cost=_all_gather_cost, transport="shm",
+                    prepare=_prepare("all_gather"), gathers_in_place=reduces_natively)
 def all_gather(ctx, out, inp):
-    seg = _segment(ctx, out, "all_gather_into_tensor")
+    seg = _segment(ctx, out)
     if seg is None:
         return native.all_gather(ctx, out, inp)
     src, dst = _bytes(inp), _bytes(out)
@@ -114,15 +148,10 @@ def all_gather(ctx, out, inp):
     return run_op(ctx, seg, handle, "all_gather_into_tensor")
 
 
-all_gather.prepare = _prepare("all_gather")
-# An input that is this rank's block of the output needs no copy: the rank never writes that
-# block (nothing to copy onto itself) and the peers only read it.
-all_gather.gathers_in_place = reduces_natively
 
-
-@register_algorithm("shm", "broadcast")
+@register_algorithm("shm", "broadcast", cost=_broadcast_cost, transport="shm")
 def broadcast(ctx, buf, root):
-    seg = _segment(ctx, buf, "broadcast")
+    seg = _segment(ctx, buf)
     if seg is None:
         return native.broadcast(ctx, buf, root)
     b = _bytes(buf)

@@ -20,9 +20,9 @@ import math
 import torch
 
 import commlib
-from commlib import debug
+from commlib.runtime import debug
 from commlib.errors import CommError, CommTypeError, arg_error
-from commlib.group import resolve_group
+from commlib.api.groups import resolve_group
 
 from ._layout import LAYOUTS, gather_order, global_chunks
 from ._plan import plan_ring

@@ -12,8 +12,10 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+from dataclasses import dataclass
+from typing import Sequence
 
-__all__ = ["host_id", "host_hash"]
+__all__ = ["host_id", "host_hash", "HostLayout"]
 
 _BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
@@ -36,3 +38,32 @@ def host_hash() -> int:
     """:func:`host_id` as a non-negative 63-bit integer (cheap to all-gather)."""
     digest = hashlib.blake2b(host_id().encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
+
+
+@dataclass(frozen=True)
+class HostLayout:
+    """Which ranks of a group share a host: ``hosts[k]`` lists the ranks on host k, hosts in
+    order of their lowest rank (from every rank's :func:`host_hash`, gathered when the group is
+    created)."""
+
+    hosts: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def from_hashes(cls, hashes: Sequence[int]) -> "HostLayout":
+        order: dict[int, list[int]] = {}
+        for rank, h in enumerate(hashes):
+            order.setdefault(h, []).append(rank)
+        return cls(tuple(tuple(ranks) for ranks in order.values()))
+
+    @property
+    def uniform(self) -> bool:
+        return len({len(h) for h in self.hosts}) == 1
+
+    @property
+    def spans_hosts(self) -> bool:
+        """Worth a hierarchical algorithm: >= 2 hosts and more than one rank on some host."""
+        return len(self.hosts) > 1 and max(len(h) for h in self.hosts) > 1
+
+    @property
+    def ranks_per_host(self) -> int:
+        return len(self.hosts[0])

@@ -3,14 +3,16 @@
 For every call: predict each eligible algorithm's time with the group's calibrated α-β-γ model
 (:mod:`commlib.tuning.model`; measured curves from ``bench/calibrate.py`` where present, see
 :mod:`commlib.tuning.calibration`) and take the cheapest. Every rank of a group holds the same
-model (rank 0's, agreed at group creation, :mod:`commlib.tuning.selector`), so every rank picks
-the same algorithm. The choice is memoized per (collective, power-of-two size bucket, group) and
-logged at ``COMMLIB_LOG=INFO`` with the predicted times; :func:`explain` returns the whole table.
+model (rank 0's, agreed at group creation by the runtime, :mod:`commlib.tuning.selector`), so
+every rank picks the same algorithm. The choice is memoized per (collective, power-of-two size
+bucket, group) for CPU tensors and per exact call for CUDA tensors (the CUDA IPC kernels' rule
+depends on the exact size, dtype and op), and logged at ``COMMLIB_LOG=INFO`` with the predicted
+times; :func:`explain_call` returns the whole table (``commlib.explain`` is the public entry).
 
 Precedence: the call's ``algorithm=`` keyword > ``COMMLIB_ALGO`` (when the collective has that
-algorithm) > the model. Groups whose engine moves only GPU memory (NCCL) use the engine's own
-collective: the model's GPU link classes plan machines (``python -m commlib.tuning``), they do
-not yet choose at run time.
+algorithm) > the model. CUDA tensors are priced on :func:`~commlib.tuning.model.gpu_table`
+(NCCL's constants): the engine's own collective against the CUDA IPC kernels where the group has
+them. Nothing here communicates.
 """
 
 from __future__ import annotations
@@ -20,25 +22,18 @@ import logging
 import torch
 
 from .. import config
-from ..algorithms import algorithm_names, get_algorithm
+from ..algorithms import registry as _registry
+from ..algorithms.registry import Call, algorithm_names, get_algorithm
 from ..errors import arg_error
 from ..ops import accumulation_dtype
-from .selector import Explanation, GroupModel, explain_group, predictions, setup
+from .selector import Explanation, GroupModel, explain_group, ineligible, predictions
 
-__all__ = ["select", "explain", "attach_model", "clear_cache", "Explanation"]
+__all__ = ["select", "explain_call", "clear_cache", "widening", "Explanation", "GroupModel"]
 
 log = logging.getLogger("commlib")
 
-_memo: dict[tuple, tuple] = {}
-
-
-def attach_model(group) -> GroupModel | None:
-    """Collective over ``group`` (called by its constructor on every member): the group's agreed
-    cost model, or None where selection does not use one (one rank; GPU-only engines)."""
-    backend = group.backend
-    if backend is None or group.size < 2 or "cpu" not in backend.devices:
-        return None
-    return setup(group)
+_memo: dict[tuple, object] = {}
+_registry_version = -1
 
 
 _REDUCING = frozenset({"all_reduce", "reduce", "reduce_scatter"})
@@ -55,26 +50,36 @@ def widening(collective: str, dtype, group) -> int:
     return accumulation_dtype(dtype).itemsize // dtype.itemsize
 
 
-def _choose(collective: str, nbytes: int, group, widen: int = 1) -> tuple[str, str, list]:
+def _choose(call: Call, group, widen: int = 1) -> tuple[str, str, list]:
+    collective = call.collective
     forced = config.get("algo")
     if forced is not None and get_algorithm(collective, forced) is not None:
         return forced, "COMMLIB_ALGO", []
-    model = getattr(group, "model", None)
-    if model is None:
+    model = group.model
+    if model is None or model.table_for(call.device) is None:
         why = "one rank" if group.size == 1 else "the engine's own: no cost model for this engine"
         return "native", why, []
-    preds = predictions(collective, nbytes, group, model, widen)
+    preds = predictions(call, group.size, group.resources, model, widen)
     if not preds:  # no formula and nothing measured (all_to_all, barrier): the engine's own
         return "native", "cost model: nothing to compare", []
     best = preds[0]
     runner = f", next {preds[1].algorithm} {preds[1].seconds * 1e6:.1f} us" if len(preds) > 1 else ""
-    return best.algorithm, f"cost model: {best.seconds * 1e6:.1f} us ({best.how}){runner}", preds
+    why = f"cost model: {best.seconds * 1e6:.1f} us ({best.how}){runner}"
+    if call.device != "cpu" and best.algorithm == "native":
+        # say why the group's own kernels did not run (the NCCL fallback's logged reason)
+        excluded = ineligible(group.resources, call)
+        if excluded:
+            why += "; " + "; ".join(f"{n}: {w}" for n, w in excluded.items())
+    return best.algorithm, why, preds
 
 
-def select(collective: str, nbytes: int, group, algorithm: str | None, fn: str, dtype=None):
-    """The algorithm (its generator function) that runs ``collective`` of ``nbytes`` on
-    ``group`` (of ``dtype``, for reductions: see :func:`widening`). Memoized per (collective,
-    power-of-two size bucket, group, widening)."""
+def select(collective: str, nbytes: int, group, algorithm: str | None, fn: str, dtype=None,
+           device: str = "cpu", op=None):
+    """The algorithm record (:class:`commlib.algorithms.Algorithm`) that runs ``collective`` of
+    ``nbytes`` on ``group`` (of ``dtype`` and ``op``, for reductions: see :func:`widening`; on
+    tensors of ``device`` type). Memoized per (collective, power-of-two size bucket, group,
+    widening) for CPU tensors, per exact call for others."""
+    global _registry_version
     if algorithm is not None:
         chosen = get_algorithm(collective, algorithm)
         if chosen is None:
@@ -82,42 +87,37 @@ def select(collective: str, nbytes: int, group, algorithm: str | None, fn: str, 
                             f"{collective} has no such algorithm",
                             f"use one of {algorithm_names(collective)} or None for automatic")
         return chosen
+    if _registry_version != _registry._version:  # an algorithm was (un)registered: choose again
+        _memo.clear()
+        _registry_version = _registry._version
     widen = widening(collective, dtype, group)
-    key = (collective, nbytes.bit_length(), id(group), widen)
+    if device == "cpu":
+        key = (collective, nbytes.bit_length(), id(group), widen)
+    else:
+        key = (collective, nbytes, id(group), widen, device, dtype, op)
     hit = _memo.get(key)
     if hit is None:
-        name, why, _ = _choose(collective, nbytes, group, widen)
-        hit = _memo[key] = (get_algorithm(collective, name), name)
+        call = Call(collective, nbytes, device, dtype, op)
+        name, why, _ = _choose(call, group, widen)
+        hit = _memo[key] = get_algorithm(collective, name)
         log.info("%s of %d bytes on group %s: algorithm %s (%s)", collective, nbytes, group.name,
                  name, why)
-    return hit[0]
+    return hit
 
 
-def explain(op: str, nbytes: int, group=None, dtype=None) -> Explanation:
-    """The model's table for ``op`` (``"all_reduce"``, ``"all_gather"``, ``"reduce_scatter"``,
-    ``"broadcast"``, ``"reduce"``, ...) of ``nbytes`` on ``group`` (default: world): every eligible
-    algorithm's predicted time and how it was priced (``measured`` curve or ``formula``), and the
-    algorithm a call would use. ``print(commlib.tuning.explain("all_reduce", 1 << 20))``.
-    ``dtype``: the tensor's, for reductions: float16/bfloat16 make the algorithms that leave the
-    accumulation to the engine pay a float32 copy where the engine cannot reduce them (rows
-    marked ``x2 upcast``). Local: no communication."""
-    from ..algorithms import COLLECTIVES
-    from ..group import resolve_group
-
-    if op not in COLLECTIVES:
-        raise arg_error("tuning.explain", "op", op, f"is not one of {list(COLLECTIVES)}",
-                        "pass a collective's name, e.g. 'all_reduce'")
-    if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
-        raise arg_error("tuning.explain", "nbytes", nbytes, "must be a non-negative int",
-                        "pass the message size in bytes")
-    g = resolve_group(group, "tuning.explain")
-    widen = widening(op, dtype, g)
-    name, why, _ = _choose(op, nbytes, g, widen)
-    model = getattr(g, "model", None)
-    if model is None:
-        return Explanation(op, nbytes, g.name, g.size, "none", [], name, why)
-    return explain_group(op, nbytes, g, model, name, why, widen)
+def explain_call(op: str, nbytes: int, group, dtype=None, device: str = "cpu",
+                 reduce_op=None) -> Explanation:
+    """The model's table for ``op`` of ``nbytes`` on ``group`` (checked arguments: see
+    ``commlib.explain``). Local: no communication."""
+    widen = widening(op, dtype, group)
+    call = Call(op, nbytes, device, dtype, reduce_op)
+    name, why, _ = _choose(call, group, widen)
+    model = group.model
+    if model is None or model.table_for(device) is None:
+        return Explanation(op, nbytes, group.name, group.size, "none", [], name, why)
+    return explain_group(call, group, model, name, why, widen)
 
 
 def clear_cache() -> None:
     _memo.clear()
+

@@ -27,6 +27,7 @@ import pathlib
 import time
 
 from .. import config
+from ..version import __version__
 from ..errors import CommConfigError
 from ..topology.host import host_hash, host_id
 from .model import Curve, LinkCost, Table
@@ -84,8 +85,6 @@ def save_entry(path: str | os.PathLike, key: str, links: dict[str, LinkCost],
     ``path``: link costs by class, and measured curves ``{collective: {algorithm: {nbytes: s}}}``."""
     p = pathlib.Path(path)
     doc = _read(p) if p.exists() else {"format": FORMAT, "host": host_id(), "groups": {}}
-    from .. import __version__
-
     doc["commlib"] = __version__
     doc["groups"][key] = {
         "links": {k: link_to_json(v) for k, v in links.items()},

@@ -27,12 +27,15 @@ the inter-host link on every step, and::
                                     + AG_ring(local, n; intra)
 
 These are the classic formulas of Thakur, Rabenseifner & Gropp (2005), written for the exact step
-structure of commlib's algorithms (``commlib/algorithms/``). The engine's own collective
+structure of commlib's algorithms: each formula sits in its algorithm's file, in the algorithm's
+record (``commlib/algorithms/``, ``cost=``), and this module prices whatever is registered. Algorithms
+that run on a transport (``shm``, ``cuda_ipc``) are priced on that transport's link class
+(``Table.shm``, ``Table.cuda_ipc``). The engine's own collective
 (``native``) is not modelled by a formula: it is priced from its measured curve (see
 :class:`Curve`) when calibration has one, else as the best of the formulas above (engines run one
 of these algorithms).
 
-The model is pure: no communication, no clock. :func:`predict` returns one :class:`Prediction`
+The model is pure: no communication, no clock, no group. :func:`predict` returns one :class:`Prediction`
 per algorithm, cheapest first.
 """
 
@@ -41,11 +44,12 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
-__all__ = ["LinkCost", "Curve", "Prediction", "Table", "register_cost", "SHM_ALGORITHMS",
-           "register_hierarchical_cost", "cost_names", "predict", "DEFAULT_LINKS", "HOP_LATENCY_US",
-           "BASE_LATENCY_GPU"]
+from ..algorithms.registry import Algorithm, records
+
+__all__ = ["LinkCost", "Curve", "Prediction", "Table", "cost_names", "predict", "DEFAULT_LINKS",
+           "HOP_LATENCY_US", "BASE_LATENCY_GPU", "gpu_table"]
 
 
 @dataclass(frozen=True)
@@ -141,134 +145,10 @@ class Prediction(NamedTuple):
     how: str  # "formula" or "measured"
 
 
-CostFn = Callable[[int, float, LinkCost], float]  # (p, nbytes, link) -> seconds
-_COSTS: dict[str, dict[str, CostFn]] = {}
-
-
-def _registrar(registry: dict, name: str, collectives: tuple[str, ...]):
-    def deco(fn):
-        for c in collectives:
-            registry.setdefault(c, {})[name] = fn
-        return fn
-
-    return deco
-
-
-def register_cost(name: str, *collectives: str):
-    """Register ``fn(p, nbytes, link) -> seconds`` as the cost of algorithm ``name``."""
-    return _registrar(_COSTS, name, collectives)
-
-
 def cost_names(collective: str) -> list[str]:
-    """Algorithms of ``collective`` with a single-level formula (shared-memory ones included)."""
-    return sorted(_COSTS.get(collective, {}))
-
-
-def _shape(p: int) -> tuple[int, int, int]:
-    p2 = 1 << (p.bit_length() - 1)
-    return p2, int(math.log2(p2)), int(p != p2)
-
-
-def _ceil_log2(p: int) -> int:
-    return (p - 1).bit_length()
-
-
-@register_cost("ring", "all_reduce")
-def _ring_all_reduce(p, n, c):
-    return 2 * (p - 1) * c.step(n / p) + (p - 1) / p * n * c.gamma
-
-
-@register_cost("recursive_doubling", "all_reduce")
-def _rd_all_reduce(p, n, c):
-    p2, k, f = _shape(p)
-    return k * (c.step(n) + n * c.gamma) + f * (2 * c.step(n) + n * c.gamma)
-
-
-def _halving(p2: int, k: int, n: float, c: LinkCost) -> float:
-    """The recursive-halving (or, reversed, doubling) steps: messages n/2, n/4, ... n/p2."""
-    return sum(c.step(n / (1 << i)) for i in range(1, k + 1))
-
-
-@register_cost("rabenseifner", "all_reduce")
-def _rab_all_reduce(p, n, c):
-    p2, k, f = _shape(p)
-    return (2 * _halving(p2, k, n, c) + (p2 - 1) / p2 * n * c.gamma
-            + f * (2 * c.step(n) + n * c.gamma))
-
-
-@register_cost("binomial", "all_reduce")
-def _binomial_all_reduce(p, n, c):
-    L = _ceil_log2(p)
-    return 2 * L * c.step(n) + L * n * c.gamma
-
-
-@register_cost("ring", "reduce_scatter")
-def _ring_reduce_scatter(p, n, c):
-    return (p - 1) * c.step(n / p) + (p - 1) / p * n * c.gamma
-
-
-@register_cost("rabenseifner", "reduce_scatter")
-def _rab_reduce_scatter(p, n, c):
-    p2, k, f = _shape(p)
-    return (_halving(p2, k, n, c) + (p2 - 1) / p2 * n * c.gamma
-            + f * (c.step(n) + c.step(n / p) + n * c.gamma))
-
-
-@register_cost("ring", "all_gather")
-def _ring_all_gather(p, n, c):
-    return (p - 1) * c.step(n / p)
-
-
-@register_cost("recursive_doubling", "all_gather")
-def _rd_all_gather(p, n, c):
-    p2, k, f = _shape(p)
-    return _halving(p2, k, n, c) + f * (c.step(n / p) + c.step(n))
-
-
-@register_cost("binomial", "broadcast")
-def _binomial_broadcast(p, n, c):
-    return _ceil_log2(p) * c.step(n)
-
-
-@register_cost("binomial", "reduce")
-def _binomial_reduce(p, n, c):
-    return _ceil_log2(p) * (c.step(n) + n * c.gamma)
-
-
-# Shared-memory algorithms (commlib/algorithms/shm.py) on one host, used when calibration has
-# not measured their curves: ``α`` is a flag handshake, ``β`` a copy's seconds per byte, ``γ`` a
-# read-and-reduce's. They run only where the group has a segment, so ``predict`` lists them only
-# when asked (``eligible``).
-SHM_ALGORITHMS = frozenset({"shm_oneshot", "shm_twoshot", "shm"})
-
-
-@register_cost("shm_oneshot", "all_reduce")
-def _shm_oneshot(p, n, c):
-    # copy in; reduce all p regions into the output (the first one copied)
-    return c.alpha + 2 * n * c.beta + (p - 1) * n * c.gamma
-
-
-@register_cost("shm_twoshot", "all_reduce")
-def _shm_twoshot(p, n, c):
-    # copy in the peers' slices; reduce own slice (own part from the input) into the output and
-    # the region; copy the peers' reduced slices out
-    return 2 * c.alpha + 2 * n * c.beta + (p - 1) / p * n * c.gamma
-
-
-@register_cost("shm", "reduce_scatter")
-def _shm_reduce_scatter(p, n, c):
-    # copy in the peers' blocks; reduce own block (own part from the input) into the output
-    return c.alpha + n * c.beta + (p - 1) / p * n * c.gamma
-
-
-@register_cost("shm", "all_gather")
-def _shm_all_gather(p, n, c):
-    return c.alpha + (1 + 1 / p) * n * c.beta
-
-
-@register_cost("shm", "broadcast")
-def _shm_broadcast(p, n, c):
-    return c.alpha + 2 * n * c.beta
+    """Algorithms of ``collective`` with a single-level formula for CPU tensors (shared-memory ones
+    included)."""
+    return [r.name for r in records(collective) if r.cost is not None and "cpu" in r.devices]
 
 
 @dataclass
@@ -295,31 +175,28 @@ class Table:
     #: The shared-memory algorithms' costs (flag handshake, copy, read-and-reduce), when they
     #: differ from ``link`` (the engine's point-to-point step). Default: ``link``.
     shm: LinkCost | None = None
+    #: The CUDA IPC kernels' costs (a launch and a flag handshake; a peer read per byte). Default:
+    #: ``link``.
+    cuda_ipc: LinkCost | None = None
 
     def flat_link(self, p: int) -> LinkCost:
         spans = self.inter is not None and self.local is not None and self.local < p
         return self.inter if spans else self.link
 
-
-# Hierarchical (two-level) algorithms: (p, local, nbytes, intra, inter) -> seconds. Only groups
-# that span hosts with more than one rank per host can run them.
-HierCostFn = Callable[[int, int, float, LinkCost, LinkCost], float]
-_HIER: dict[str, dict[str, HierCostFn]] = {}
-
-
-def register_hierarchical_cost(name: str, *collectives: str):
-    """Register ``fn(p, local, nbytes, intra, inter) -> seconds`` for algorithm ``name``."""
-    return _registrar(_HIER, name, collectives)
+    def link_of(self, algorithm: Algorithm, p: int) -> LinkCost:
+        """The link class ``algorithm`` is priced on: its transport's, else the flat link."""
+        if algorithm.transport is not None:
+            return getattr(self, algorithm.transport, None) or self.flat_link(p)
+        return self.flat_link(p)
 
 
-@register_hierarchical_cost("hierarchical", "all_reduce")
-def _hier_all_reduce(p, local, n, intra, inter):
-    """Intra-host ring reduce-scatter, then an all-reduce of each rank's 1/local shard among the
-    p/local ranks holding the same shard on other hosts (all shards at once, each with the
-    cheapest flat algorithm for its size), then the intra-host all-gather."""
-    hosts = p // local
-    across = min(fn(hosts, n / local, inter) for fn in _COSTS["all_reduce"].values())
-    return _ring_reduce_scatter(local, n, intra) + across + _ring_all_gather(local, n, intra)
+def gpu_table(gbytes_per_s: float = 150.0) -> Table:
+    """The model for CUDA tensors of one host's GPUs, from NCCL's constants (no calibration
+    measures GPUs here): NVLink steps (``HOP_LATENCY_US["NVL"]``, ``gbytes_per_s``), NCCL's base
+    latency paid by the engine's own collective, and the CUDA IPC kernels' link: a kernel launch
+    and flag handshake (~3 µs, vLLM's custom all-reduce at 8 B) and peer reads at NVLink speed."""
+    nvl = LinkCost.from_bandwidth(HOP_LATENCY_US["NVL"], gbytes_per_s)
+    return Table(nvl, base=BASE_LATENCY_GPU, cuda_ipc=LinkCost.from_bandwidth(3.0, gbytes_per_s))
 
 
 def predict(collective: str, nbytes: int, p: int, table: Table,
@@ -334,12 +211,14 @@ def predict(collective: str, nbytes: int, p: int, table: Table,
         return [Prediction("native", 0.0, "formula")]
     link = table.flat_link(p)
     measured = table.curves.get(collective, {})
-    formulas = _COSTS.get(collective, {})
+    algos = {r.name: r for r in records(collective)}
+    formulas = {n: r for n, r in algos.items() if r.cost is not None}
+    engine_costs = {n: r.cost for n, r in formulas.items() if r.transport is None}
     local = table.local
     two_level = table.inter is not None and local is not None and 1 < local < p and p % local == 0
-    hier = _HIER.get(collective, {}) if two_level else {}
+    hier = {n: r for n, r in algos.items() if r.cost_two_level is not None} if two_level else {}
     if eligible is None:
-        names = (set(formulas) - SHM_ALGORITHMS) | set(hier) | set(measured) | {"native"}
+        names = set(engine_costs) | set(hier) | set(measured) | {"native"}
     else:
         names = set(eligible)
     out = []
@@ -347,18 +226,18 @@ def predict(collective: str, nbytes: int, p: int, table: Table,
         if name in measured:
             out.append(Prediction(name, measured[name](nbytes), "measured"))
         elif name in formulas:
-            cost = (table.shm or link) if name in SHM_ALGORITHMS else link
-            out.append(Prediction(name, table.base + formulas[name](p, nbytes, cost), "formula"))
+            rec = formulas[name]
+            out.append(Prediction(name, table.base + rec.cost(p, nbytes, table.link_of(rec, p)),
+                                  "formula"))
         elif name in hier:
             shard = table.shard_inter or table.inter
-            out.append(Prediction(name, table.base + hier[name](p, local, nbytes, table.link, shard),
-                                  "formula"))
+            cost = hier[name].cost_two_level(p, local, nbytes, table.link, shard, engine_costs)
+            out.append(Prediction(name, table.base + cost, "formula"))
     if "native" in names:
         if "native" in measured:
             out.append(Prediction("native", measured["native"](nbytes), "measured"))
         else:
-            flat = [x for x in out if x.how == "formula" and x.algorithm in formulas
-                    and x.algorithm not in SHM_ALGORITHMS]
+            flat = [x for x in out if x.how == "formula" and x.algorithm in engine_costs]
             if flat:
                 cheapest = min(flat, key=lambda x: x.seconds)
                 out.append(Prediction("native", cheapest.seconds, f"formula ({cheapest.algorithm})"))
@@ -367,11 +246,11 @@ def predict(collective: str, nbytes: int, p: int, table: Table,
 
     def formula(name: str, n: int) -> float | None:
         if name == "native":
-            flat = [formula(f, n) for f in formulas if f not in SHM_ALGORITHMS]
+            flat = [formula(f, n) for f in engine_costs]
             return min(flat) if flat else None
         if name not in formulas:
             return None
-        return formulas[name](p, n, (table.shm or link) if name in SHM_ALGORITHMS else link)
+        return formulas[name].cost(p, n, table.link_of(formulas[name], p))
 
     return _latency_tie(out, nbytes, formula)
 

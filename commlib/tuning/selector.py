@@ -2,15 +2,18 @@
 cheapest.
 
 Every rank of a group must pick the same algorithm, so every rank must hold the same model. At
-group creation (collective, like creating the group itself) rank 0 builds the group's
-:class:`~commlib.tuning.model.Table` and broadcasts it; the others use what arrives. Rank 0's
-table comes from the tuning file (``bench/calibrate.py``) when it has an entry for this backend,
-else from defaults refined by a quick built-in probe (this host's copy and reduce bandwidth,
-about 10 ms, once per process).
+group creation the runtime (commlib/runtime/resources.py, collective like creating the group
+itself) has rank 0 build the group's :class:`~commlib.tuning.model.Table` (:func:`local_model`)
+and broadcasts it (:func:`model_to_bytes`, :func:`model_from_bytes`); the others use what
+arrives. Rank 0's table comes from the tuning file (``bench/calibrate.py``) when it has an entry
+for this backend, else from defaults refined by a quick built-in probe (this host's copy and
+reduce bandwidth, about 10 ms, once per process). Nothing here communicates.
 
-Eligibility: an algorithm the collective has, and for which the group qualifies: ``shm*`` only
-where the group has a shared-memory segment, ``hierarchical`` only where the group spans hosts
-with more than one rank on some host (priced where every host has the same number of ranks).
+Eligibility is each algorithm's record's (:meth:`commlib.algorithms.Algorithm.why_not`) over the
+group's resources and the call: ``shm*`` only where the group has a shared-memory segment,
+``cuda_ipc_*`` only for CUDA tensors where the group has CUDA IPC and the kernels' rule names
+them, ``hierarchical`` only where the group spans hosts with more than one rank on some host
+(priced where every host has the same number of ranks).
 """
 
 from __future__ import annotations
@@ -18,29 +21,33 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from ..algorithms import algorithm_names
+from ..algorithms.registry import Call, records
 from ..errors import CommConfigError
-from ..algorithms.hierarchical import host_layout
 from .calibration import entry_key, link_from_json, link_to_json, load, table_for
-from .model import DEFAULT_LINKS, SHM_ALGORITHMS, Curve, LinkCost, Prediction, Table, predict
+from .model import DEFAULT_LINKS, Curve, LinkCost, Prediction, Table, gpu_table, predict
 
-__all__ = ["GroupModel", "setup", "eligible", "predictions", "Explanation", "explain_group"]
+__all__ = ["GroupModel", "local_model", "model_to_bytes", "model_from_bytes", "eligible",
+           "predictions", "Explanation", "explain_group"]
 
 log = logging.getLogger("commlib")
 
 
 @dataclass
 class GroupModel:
-    """What selection knows about a group: its agreed table, where it came from, and layout."""
+    """What selection knows about a group's costs: its agreed table for CPU tensors (None where
+    the engine moves no CPU memory), where it came from, and the table for CUDA tensors (None
+    where the engine moves no CUDA memory)."""
 
-    table: Table
+    table: Table | None
     source: str
-    has_shm: bool
-    hierarchical: bool
+    gpu: Table | None = None
+
+    def table_for(self, device: str) -> Table | None:
+        return self.gpu if device == "cuda" else self.table
 
 
 _PROBE: dict | None = None
@@ -69,7 +76,8 @@ def _table_json(table: Table) -> dict:
         return None if c is None else link_to_json(c)
 
     return {"link": link(table.link), "inter": link(table.inter), "shard_inter": link(table.shard_inter),
-            "shm": link(table.shm), "local": table.local, "base": table.base,
+            "shm": link(table.shm), "cuda_ipc": link(table.cuda_ipc), "local": table.local,
+            "base": table.base,
             "curves": {c: {a: cv.to_json() for a, cv in algos.items()} for c, algos in table.curves.items()}}
 
 
@@ -79,7 +87,7 @@ def _table_from_json(doc: dict) -> Table:
 
     curves = {c: {a: Curve.from_json(pts) for a, pts in algos.items()} for c, algos in doc["curves"].items()}
     return Table(link(doc["link"]), curves, doc["local"], link(doc["inter"]), doc["base"],
-                 link(doc["shard_inter"]), link(doc["shm"]))
+                 link(doc["shard_inter"]), link(doc["shm"]), link(doc.get("cuda_ipc")))
 
 
 def _default_table() -> Table:
@@ -91,11 +99,10 @@ def _default_table() -> Table:
     return table
 
 
-def _local_table(group, layout) -> tuple[Table, str]:
+def _local_table(backend: str, size: int, layout) -> tuple[Table, str]:
     """Rank 0's view: the tuning file's entry for this group's shape (size, hosts), else
     defaults with the probe. Across hosts: intra-host links from the host's own entry if the
     group's has none, and ``net`` defaults where the file has no measured ``net`` link."""
-    backend = group.backend.name
     hosts = len(layout.hosts) if layout.spans_hosts else 1
     try:
         doc = load()
@@ -104,8 +111,8 @@ def _local_table(group, layout) -> tuple[Table, str]:
         doc, why = None, f"defaults and probe (tuning file unusable: {exc})"
     else:
         why = "defaults and probe (no calibration: run bench/calibrate.py)"
-    key = entry_key(backend, group.size, hosts)
-    table = table_for(doc, backend, group.size, hosts)
+    key = entry_key(backend, size, hosts)
+    table = table_for(doc, backend, size, hosts)
     links = {}
     if table is not None:
         entry = doc["groups"].get(key)
@@ -131,65 +138,74 @@ def _local_table(group, layout) -> tuple[Table, str]:
     return table, source
 
 
-def setup(group) -> GroupModel:
-    """Collective over ``group``: its agreed model (rank 0's, broadcast)."""
-    backend = group.backend
-    layout = host_layout(backend)
-    has_shm = getattr(group, "shm", None) is not None
-    length = torch.zeros(1, dtype=torch.int64)
-    payload = b""
-    if backend.rank == 0:
+def local_model(engine, layout) -> GroupModel:
+    """Rank 0's model for a group on ``engine`` (its name, size and devices) with host layout
+    ``layout``: what :func:`model_to_bytes` sends to the other ranks. Never raises: a failure
+    gives the defaults, saying why."""
+    table, source = None, "the engine moves no CPU memory"
+    if "cpu" in engine.devices:
         try:
-            table, source = _local_table(group, layout)
+            table, source = _local_table(engine.name, engine.size, layout)
         except Exception as exc:  # noqa: BLE001 - rank 0 must still send a model, or the others wait
             log.warning("commlib: building the cost model failed (%s: %s); using the defaults",
                         type(exc).__name__, exc)
             table, source = _default_table(), f"defaults and probe (model failed: {exc})"
-        payload = json.dumps({"table": _table_json(table), "source": source}).encode()
-        length[0] = len(payload)
-    if group.size > 1:
-        backend.wait([backend.broadcast(length, 0, True)])
-        buf = torch.zeros(int(length[0]), dtype=torch.uint8)
-        if backend.rank == 0:
-            buf.copy_(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
-        backend.wait([backend.broadcast(buf, 0, True)])
-        payload = bytes(buf.tolist()) if backend.rank else payload
+    return GroupModel(table, source, gpu_table() if "cuda" in engine.devices else None)
+
+
+def model_to_bytes(model: GroupModel) -> bytes:
+    table = None if model.table is None else _table_json(model.table)
+    return json.dumps({"table": table, "source": model.source}).encode()
+
+
+def model_from_bytes(payload: bytes, devices) -> GroupModel:
     doc = json.loads(payload.decode())
-    return GroupModel(_table_from_json(doc["table"]), doc["source"], has_shm, layout.spans_hosts)
+    table = None if doc["table"] is None else _table_from_json(doc["table"])
+    return GroupModel(table, doc["source"], gpu_table() if "cuda" in devices else None)
 
 
-def eligible(collective: str, model: GroupModel) -> list[str]:
-    out = []
-    for name in algorithm_names(collective):
-        if name in SHM_ALGORITHMS and not model.has_shm:
-            continue
-        if name == "hierarchical" and not model.hierarchical:
-            continue
-        out.append(name)
+def eligible(res, call: Call) -> list[str]:
+    """The algorithms of ``call.collective`` that can run ``call`` on a group with resources
+    ``res``."""
+    return [r.name for r in records(call.collective) if r.why_not(res, call) is None]
+
+
+def ineligible(res, call: Call) -> dict[str, str]:
+    """Why each other algorithm of ``call.collective`` for this device cannot run ``call`` here."""
+    out = {}
+    for r in records(call.collective):
+        if call.device not in r.devices:
+            continue  # not for this kind of tensor at all: not worth a line
+        why = r.why_not(res, call)
+        if why is not None:
+            out[r.name] = why
     return out
 
 
-def predictions(collective: str, nbytes: int, group, model: GroupModel,
-                widen: int = 1) -> list[Prediction]:
+def predictions(call: Call, size: int, res, model: GroupModel, widen: int = 1) -> list[Prediction]:
     """Every eligible algorithm's predicted time, cheapest first (one rank: native, free).
 
     ``widen`` > 1: the reduction's dtype is one the engine cannot accumulate (float16/bfloat16 on
     MPI or gloo), so every algorithm but the shared-memory ones (which reduce every dtype
     themselves) runs on a copy ``widen`` times larger (float32) and pays the casts to it and
     back: two copies of ``widen * nbytes``, priced at the table's per-byte copy cost."""
-    if group.size == 1:
+    if size == 1:
         return [Prediction("native", 0.0, "formula")]
-    names = eligible(collective, model)
+    table = model.table_for(call.device)
+    if table is None:
+        return []
+    collective, nbytes = call.collective, call.nbytes
+    names = eligible(res, call)
     if widen == 1:
-        return predict(collective, nbytes, group.size, model.table, names)
-    own = [n for n in names if n in SHM_ALGORITHMS]
-    rest = [n for n in names if n not in SHM_ALGORITHMS]
+        return predict(collective, nbytes, size, table, names)
+    own = [r.name for r in records(collective) if r.name in names and r.reduces_natively is not None]
+    rest = [n for n in names if n not in own]
     upcast = []
     if rest:
-        cast = 2 * widen * nbytes * (model.table.shm or model.table.link).beta
+        cast = 2 * widen * nbytes * (table.shm or table.link).beta
         upcast = [Prediction(x.algorithm, x.seconds + cast, x.how + f" (x{widen} upcast)")
-                  for x in predict(collective, widen * nbytes, group.size, model.table, rest)]
-    return predict(collective, nbytes, group.size, model.table, own, extra=upcast)
+                  for x in predict(collective, widen * nbytes, size, table, rest)]
+    return predict(collective, nbytes, size, table, own, extra=upcast)
 
 
 @dataclass
@@ -204,6 +220,8 @@ class Explanation:
     rows: list[Prediction]
     chosen: str
     why: str
+    #: the algorithms that cannot run this call here, and why (``shm_twoshot``: no shm transport...)
+    excluded: dict[str, str] = field(default_factory=dict)
 
     def __str__(self) -> str:
         lines = [f"{self.collective} of {self.nbytes} bytes on group {self.group!r} ({self.size} ranks); "
@@ -215,10 +233,13 @@ class Explanation:
         if not any(r.algorithm == self.chosen for r in self.rows):
             lines.append(f"  chosen: {self.chosen}")
         lines.append(f"  ({self.why})")
+        for name, why in self.excluded.items():
+            lines.append(f"  not eligible: {name}: {why}")
         return "\n".join(lines)
 
 
-def explain_group(collective: str, nbytes: int, group, model: GroupModel, chosen: str,
-                  why: str, widen: int = 1) -> Explanation:
-    return Explanation(collective, nbytes, group.name, group.size, model.source,
-                       predictions(collective, nbytes, group, model, widen), chosen, why)
+def explain_group(call: Call, group, model: GroupModel, chosen: str, why: str,
+                  widen: int = 1) -> Explanation:
+    return Explanation(call.collective, call.nbytes, group.name, group.size, model.source,
+                       predictions(call, group.size, group.resources, model, widen), chosen, why,
+                       ineligible(group.resources, call))

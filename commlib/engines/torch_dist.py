@@ -29,7 +29,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from ..errors import CommBackendError
+from ..errors import CommBackendError, CommStateError
 from ..ops import ReduceOp
 from . import register_backend
 from .base import Backend
@@ -317,8 +317,6 @@ class TorchBackend(Backend):
                 if not h.done:
                     self._match()
                     if not h.done:
-                        from ..errors import CommStateError
-
                         raise CommStateError(
                             f"commlib: rank {self.rank} waits for a message to itself that was "
                             f"never sent. Fix: post the matching isend to rank {self.rank} first."

@@ -8,8 +8,8 @@ import warnings
 import numpy as np
 import torch
 
-from .errors import CommArgumentError, CommTypeError, arg_error
-from .ops import DTYPES
+from ..errors import CommArgumentError, CommTypeError, arg_error
+from ..ops import DTYPES
 
 __all__ = ["as_tensor", "work_view", "overlaps"]
 

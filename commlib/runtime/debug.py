@@ -10,8 +10,8 @@ import zlib
 
 import torch
 
-from ._progress import Work, unusable
-from .errors import CommMismatchError
+from .progress import Work, unusable
+from ..errors import CommMismatchError
 
 __all__ = ["agree"]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from ..errors import CommStateError
 from . import register_backend
 from .base import Backend
 
@@ -64,8 +65,6 @@ class SelfBackend(Backend):
 
     def wait(self, handles):
         if not self.test(handles):
-            from ..errors import CommStateError
-
             raise CommStateError(
                 "commlib: a receive in a world of one process has no matching send. "
                 "Fix: post the matching commlib.isend to rank 0 first."

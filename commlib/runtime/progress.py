@@ -20,7 +20,7 @@ import os
 import time
 from typing import Generator
 
-from .errors import CommStateError, CommTimeoutError
+from ..errors import CommStateError, CommTimeoutError
 
 __all__ = ["Work", "completed_work", "drive", "start", "unusable"]
 

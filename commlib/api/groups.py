@@ -1,4 +1,5 @@
-"""Initialization, groups and meshes."""
+"""Initialization, groups and meshes: the public functions that create and release groups
+(:class:`~commlib.runtime.group.Group` itself and the process's state are in the runtime)."""
 
 from __future__ import annotations
 
@@ -11,85 +12,27 @@ import time
 import traceback
 from typing import Sequence
 
-from . import _plans, _watchdog, config
-from .backends import get_backend_class
-from .backends.base import Backend
-from .errors import CommArgumentError, CommStateError, arg_error
+import torch
+import torch.distributed
+
+from .. import config
+from ..engines import get_backend_class
+from ..engines.base import Backend
+from ..errors import CommArgumentError, CommStateError, CommTypeError, arg_error
+from ..runtime import plans as _plans
+from ..runtime import watchdog as _watchdog
+from ..runtime.group import Group
+from ..runtime.group import state as _state
+from ..topology import mesh_order
+from ..topology.gather import rank_locality
+from ..tuning import clear_cache
 
 __all__ = [
     "Group", "Mesh", "init", "finalize", "is_initialized", "get_rank", "get_world_size",
-    "new_group", "get_world_group",
+    "new_group", "get_world_group", "resolve_group",
 ]
 
 log = logging.getLogger("commlib")
-
-
-class Group:
-    """A set of ranks that run collectives together.
-
-    ``ranks`` are world ranks in group order; ``rank`` is this process's rank in the group (-1 when
-    it is not a member). Groups are created collectively by :func:`new_group` and :class:`Mesh`.
-    """
-
-    def __init__(self, backend: Backend | None, ranks: Sequence[int], name: str, timeout, debug):
-        self.backend = backend
-        self.ranks = tuple(ranks)
-        self.size = len(self.ranks)
-        self.rank = backend.rank if backend is not None else -1
-        self.name = name
-        self.timeout = timeout
-        self.debug = debug
-        # Blocking calls may block in the engine (fastest) when nothing has to interrupt them:
-        # no timeout, or timeouts handled by the watchdog (COMMLIB_TIMEOUT_MODE=abort).
-        self.blocking = timeout is None or _state.timeout_mode == "abort"
-        self.seq = 0
-        self.broken: str | None = None
-        self._index = {r: i for i, r in enumerate(self.ranks)}
-        # The shared-memory segment of a group whose ranks share a host (collective: every member
-        # constructs the group at the same point); None otherwise. See commlib/backends/shm.py.
-        self.shm = _attach_shm(self)
-        # The agreed cost model that picks each call's algorithm (collective, like the segment).
-        from .tuning import attach_model
-
-        self.model = attach_model(self)
-
-    @property
-    def is_member(self) -> bool:
-        return self.backend is not None
-
-    def group_rank(self, global_rank: int) -> int:
-        """This group's rank of world rank ``global_rank`` (-1 if not a member)."""
-        return self._index.get(global_rank, -1)
-
-    def global_rank(self, group_rank: int) -> int:
-        return self.ranks[group_rank]
-
-    def __repr__(self) -> str:
-        backend = self.backend.name if self.backend is not None else "not a member"
-        return f"<commlib.Group {self.name!r} size={self.size} rank={self.rank} backend={backend}>"
-
-
-def _attach_shm(group: "Group"):
-    if group.backend is None or group.size < 2:
-        return None
-    from .backends import shm
-
-    seg = shm.attach(group)
-    if seg is not None:
-        group.backend.shm = seg  # algorithms reach it through their ctx.backend
-        group.backend.shm_group = group
-    return seg
-
-
-class _State:
-    world: Group | None = None
-    timeout_mode: str = "abort"
-    backend_name: str | None = None
-    groups: list[Group] = []
-    excepthook = None
-
-
-_state = _State()
 
 
 # ----- initialization ---------------------------------------------------------------------
@@ -98,13 +41,9 @@ _MPI_ENV = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LO
 
 
 def _detect_backend() -> str:
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return "torch"
-    except ImportError:
-        pass
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return "torch"
     env = os.environ
     if any(k in env for k in _MPI_ENV):
         return "mpi"
@@ -204,9 +143,7 @@ def finalize() -> None:
         # A Group object the user still holds must raise CommStateError, not reach a freed
         # communicator.
         group.broken = "commlib.finalize() released it. Fix: create groups again after commlib.init()"
-        if group.shm is not None:
-            group.shm.close()
-            group.backend.shm_peer_buffers = None  # the peers' shared buffers (shared_empty)
+        group.resources.close()  # the transports: segment, shared buffers, CUDA IPC handles
         if group.backend is not None:
             group.backend.close()
     if _state.excepthook is not None:
@@ -214,9 +151,7 @@ def finalize() -> None:
         _state.excepthook = None
     _state.world, _state.backend_name, _state.groups = None, None, []
     _plans.clear()
-    from .tuning import clear_cache  # a new world's groups may reuse the old ones' ids
-
-    clear_cache()
+    clear_cache()  # a new world's groups may reuse the old ones' ids
 
 
 atexit.register(finalize)
@@ -243,8 +178,6 @@ def resolve_group(group, fn: str) -> Group:
         raise arg_error(fn, "group", group, "a Mesh is not a group",
                         "pass mesh.group('name') for one mesh dimension", CommArgumentError)
     if not isinstance(group, Group):
-        from .errors import CommTypeError
-
         raise arg_error(fn, "group", group, "must be a commlib.Group or None",
                         "create groups with commlib.new_group(ranks) or commlib.Mesh", CommTypeError)
     if group.backend is None:
@@ -368,18 +301,13 @@ class Mesh:
         groups inside one host even when ranks were launched round-robin across hosts.
         ``mesh.levels`` names the domain each dimension stays inside.
         """
-        import torch
-
-        from .collectives import all_gather_into_tensor
-        from .topology import mesh_order
-        from .topology.gather import rank_locality
-
         parent = resolve_group(group, "Mesh.from_topology")
         shape_t = (shape,) if isinstance(shape, int) else tuple(shape)
-        mine = torch.tensor(rank_locality(topology), dtype=torch.int64)
-        keys = torch.empty(parent.size * 3, dtype=torch.int64)
-        all_gather_into_tensor(keys, mine, group=parent)
-        rows = [tuple(int(x) for x in keys[3 * r:3 * r + 3]) for r in range(parent.size)]
+        if parent.broken is not None:
+            raise CommStateError(f"commlib.Mesh.from_topology: group {parent.name!r} is unusable: "
+                                 f"{parent.broken}.")
+        # through the engine directly, like the group's own facts (commlib/runtime/resources.py)
+        rows = [tuple(row) for row in parent.backend.all_gather_ints(list(rank_locality(topology)))]
         if not shape_t or any(not isinstance(s, int) or s < 1 for s in shape_t) or \
                 math.prod(shape_t) != parent.size:
             return cls(shape, dim_names, group=parent)  # raises the standard shape error

@@ -1,4 +1,4 @@
-"""The ``cuda_ipc`` backend: one-shot and two-shot all-reduce of CUDA tensors over CUDA IPC
+"""The ``cuda_ipc`` transport: one-shot and two-shot all-reduce of CUDA tensors over CUDA IPC
 buffers, for GPUs of one node (the kernels are ``csrc/cuda_ipc.cu``, loaded through CuPy
 ``RawModule``; the per-element math is ``csrc/reduce_math.h``, shared with the CPU path).
 
@@ -6,6 +6,12 @@ Everything that decides is here, in plain Python, and unit-tested without a GPU
 (tests/test_cuda_ipc.py): the buffer layout, the size limits, the launch shape, and the choice
 between one-shot, two-shot and the NCCL fallback. The parts that need a GPU (IPC handle exchange,
 the P2P test, launches) run only where CUDA is present.
+
+Groups get it through :class:`CudaIpcTransport`, attached when the group is created (collective;
+where every rank sees a CUDA device and the ranks share a host), and ``commlib.all_reduce`` on
+CUDA tensors reaches the kernels through selection: the ``cuda_ipc_oneshot`` and
+``cuda_ipc_twoshot`` algorithms (commlib/algorithms/cuda_ipc.py) are eligible where
+:func:`decide` names them and are compared with NCCL on the cost model.
 
 The runtime is :class:`CudaIpcAllReduce`: created collectively by every rank of a group of GPU
 ranks, it allocates its IPC buffer (torch CUDA memory), exchanges what each rank found (host,
@@ -41,13 +47,16 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from .. import config
 from ..errors import CommBackendError, arg_error
 from ..ops import ReduceOp
+from ..topology.host import host_hash
+from .base import GroupFacts, Transport, register_transport
 
 __all__ = ["MAX_RANKS", "MAX_BLOCKS", "Layout", "Decision", "layout", "decide", "launch_shape",
            "kernel_name", "load_module", "p2p_works", "PeerRecord", "pack_record",
            "unpack_record", "GroupCheck", "check_group", "peer_devices", "Plan", "Planner",
-           "engine_exchange", "CudaIpcAllReduce"]
+           "engine_exchange", "CudaIpcAllReduce", "CudaIpcTransport"]
 
 log = logging.getLogger("commlib")
 
@@ -363,7 +372,6 @@ class CudaIpcAllReduce:
                  device: int | None, fallback: Callable, *, max_bytes: int = DEFAULT_MAX_BYTES,
                  host: int | None = None):
         if host is None:
-            from ..topology.host import host_hash
             host = host_hash()
         self.rank, self.world_size, self.device = rank, world_size, device
         self.layout = layout(max_bytes)
@@ -448,14 +456,20 @@ class CudaIpcAllReduce:
             return Plan("nccl", f"tensor on {tensor.device}, the buffers are on cuda:{self.device}")
         return self.planner.plan(tensor.numel(), tensor.dtype, op, tensor.is_contiguous())
 
-    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM):
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM, kind: str | None = None,
+                   fallback: Callable | None = None):
+        """Reduce ``tensor`` in place: the kernel the plan names (or ``kind``, "oneshot" or
+        "twoshot", where the plan allows the kernels at all), else ``fallback()`` (default: this
+        object's ``fallback(tensor, op)``), logged once per reason."""
         p = self.plan(tensor, op)
         if p.algorithm == "nccl":
             if p.reason not in self._logged:
                 self._logged.add(p.reason)
                 log.info("cuda_ipc: all_reduce of %d x %s falls back to NCCL: %s",
                          tensor.numel(), tensor.dtype, p.reason)
-            return self.fallback(tensor, op)
+            return fallback() if fallback is not None else self.fallback(tensor, op)
+        if kind is not None and kind != p.algorithm:
+            p = p._replace(algorithm=kind, kernel=kernel_name(kind, tensor.dtype))
         self._launch(p, tensor)
         return None
 
@@ -489,3 +503,72 @@ def _p2p_ok(dev_a: int, dev_b: int) -> bool:
     except Exception as exc:  # a driver error is a failed test, reported through the records
         log.info("cuda_ipc: P2P test cuda:%d -> cuda:%d raised %s", dev_a, dev_b, exc)
         return False
+
+
+@register_transport("cuda_ipc")
+class CudaIpcTransport(Transport):
+    """CUDA IPC attached to a group: the group-wide verdict (``check``), the pure per-call rule
+    (:meth:`decide`, what selection asks) and the runtime that launches the kernels
+    (:class:`CudaIpcAllReduce`; None in host-side tests, where only the decisions run)."""
+
+    def __init__(self, check: GroupCheck, world_size: int, runtime: CudaIpcAllReduce | None = None,
+                 max_bytes: int = DEFAULT_MAX_BYTES):
+        self.check, self.world_size, self.runtime = check, world_size, runtime
+        self.planner = Planner(world_size, check, max_bytes)
+        self.max_bytes = max_bytes
+
+    @property
+    def buffers(self):
+        """This rank's registered IPC allocation (flags, input area, two-shot scratch)."""
+        return None if self.runtime is None else self.runtime._buf
+
+    @classmethod
+    def attach(cls, engine, group_name: str, facts: GroupFacts) -> "CudaIpcTransport | str":
+        """Collective over ``engine``: attached where the engine moves CUDA memory, every rank
+        sees a CUDA device, the ranks share a host and :func:`check_group` passes; else why not.
+        Decided from ``facts`` without communicating wherever it can be."""
+        size = engine.size
+        if size < 2:
+            return "one rank"
+        if "cuda" not in engine.devices:
+            return f"the {engine.name} engine moves no CUDA memory"
+        if not config.get("cuda_ipc"):
+            return "COMMLIB_CUDA_IPC=0"
+        if not all(facts.cuda_devices):
+            return f"rank {facts.cuda_devices.index(0)} has no CUDA device (CUDA is absent there)"
+        if not facts.one_host:
+            return f"the ranks span {facts.host_count} hosts (CUDA IPC needs one)"
+        if size not in WORLD_SIZES:
+            return f"world size {size} is not one of {WORLD_SIZES}"
+        device = torch.cuda.current_device()
+
+        def fallback(tensor, op):
+            engine.wait([engine.all_reduce(tensor, op)])
+
+        runtime = CudaIpcAllReduce(engine_exchange(engine), engine.rank, size, device, fallback)
+        if not runtime.check.usable:
+            return runtime.check.reason
+        return cls(runtime.check, size, runtime)
+
+    def decide(self, nbytes: int, dtype: torch.dtype, op: ReduceOp) -> Decision:
+        """The pure rule for one all-reduce of ``nbytes`` of ``dtype`` with ``op``: "oneshot",
+        "twoshot" or "nccl", and why (the same on every rank)."""
+        if not self.check.usable:
+            return Decision("nccl", self.check.reason)
+        if dtype is None or op is None:
+            return Decision("nccl", "not a reduction of a known dtype")
+        return decide(nbytes, dtype, op, self.world_size, full_nvlink=self.check.full_nvlink,
+                      p2p_ok=True, max_bytes=self.max_bytes)
+
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, kind: str, fallback: Callable):
+        """Run the ``kind`` kernel on ``tensor`` in place (queued on torch's current stream, so
+        complete for the host as NCCL's calls are: no handles), or ``fallback()``'s handles
+        where this call cannot run the kernels."""
+        if self.runtime is None:
+            return fallback()
+        handles = self.runtime.all_reduce(tensor, op, kind, fallback)
+        return [] if handles is None else handles
+
+    def close(self) -> None:
+        if self.runtime is not None:
+            self.runtime.close()

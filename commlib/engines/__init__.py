@@ -1,4 +1,4 @@
-"""Backends, registered by name: ``mpi``, ``torch``, ``nccl``, ``self``.
+"""Engines (backends, in torch.distributed's word), registered by name: ``mpi``, ``torch``, ``nccl``, ``self``.
 
 Adding one is a new module with a class decorated by ``@register_backend("name")`` and a line in
 ``_MODULES`` so that it is found by name without importing every engine at start-up.
@@ -17,10 +17,10 @@ _REGISTRY: dict[str, type[Backend]] = {}
 
 # name -> module that registers it (imported on first use: engines are optional dependencies).
 _MODULES = {
-    "self": "commlib.backends.self_backend",
-    "mpi": "commlib.backends.mpi",
-    "torch": "commlib.backends.torch_dist",
-    "nccl": "commlib.backends.nccl",
+    "self": "commlib.engines.self_backend",
+    "mpi": "commlib.engines.mpi",
+    "torch": "commlib.engines.torch_dist",
+    "nccl": "commlib.engines.nccl",
 }
 
 

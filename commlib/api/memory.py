@@ -22,8 +22,9 @@ import math
 
 import torch
 
-from .errors import CommArgumentError, CommError, CommMismatchError, arg_error
-from .group import Group, resolve_group
+from ..errors import CommArgumentError, CommError, CommMismatchError, arg_error
+from ..runtime.group import Group
+from .groups import resolve_group
 
 __all__ = ["shared_empty"]
 
@@ -66,10 +67,9 @@ def shared_empty(*size, dtype: torch.dtype | None = None, group: Group | None = 
         nbytes = math.prod(shape) * dtype.itemsize
     except CommError as exc:
         error, nbytes = exc, -1
-    if g.shm is not None:  # agree before allocating: a bad rank must not leave the others waiting
-        from .backends.shm import _all_gather_ints
-
-        asked = [n for (n,) in _all_gather_ints(g.backend, [nbytes])]
+    shm = g.resources.transports.get("shm")
+    if shm is not None:  # agree before allocating: a bad rank must not leave the others waiting
+        asked = [n for (n,) in g.backend.all_gather_ints([nbytes])]
         if error is not None:
             raise error
         bad = [r for r, n in enumerate(asked) if n < 0]
@@ -85,9 +85,7 @@ def shared_empty(*size, dtype: torch.dtype | None = None, group: Group | None = 
                 f"every rank, at the same point")
     elif error is not None:
         raise error
-    from .backends.shm import share
-
-    raw = share(g, nbytes) if nbytes > 0 else None
+    raw = shm.share(g.backend, g.name, nbytes) if shm is not None and nbytes > 0 else None
     if raw is None:
         return torch.empty(shape, dtype=dtype)
     return raw.view(dtype).view(shape)

@@ -2,7 +2,9 @@
 
 Each public function checks its arguments (raising a ``CommError`` subclass whose message names the
 function, argument, value, rule and fix), optionally checks that all ranks agree (debug mode), picks
-an algorithm, and runs it through the progress loop in :mod:`commlib._progress`.
+an algorithm (a record of :mod:`commlib.algorithms`, chosen by :mod:`commlib.tuning` over the
+group's resources), and runs it through the progress loop in :mod:`commlib.runtime.progress`.
+Point-to-point is in :mod:`commlib.api.p2p`.
 
 How data reaches the algorithms:
 
@@ -17,30 +19,29 @@ How data reaches the algorithms:
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple, Sequence
+from typing import Sequence
 
 import torch
 
-from . import debug as _debug
-from ._plans import PLANS as _PLANS
-from ._plans import planned_pair, remember, remember_pair
-from ._progress import _ABANDONED, Work, completed_work, drive, start, unusable
-from ._tensors import as_tensor, overlaps, work_view
-from .algorithms import Ctx
-from .errors import CommArgumentError, CommError, CommTypeError, arg_error
-from .group import Group, resolve_group
-from .kernels import finish_avg_
-from .ops import ReduceOp, accumulation_dtype, dtype_name, resolve_op, to_reduce_op
-from .tuning import select
+from ..algorithms import Ctx
+from ..errors import CommArgumentError, CommError, CommTypeError, arg_error
+from ..kernels import finish_avg_
+from ..ops import ReduceOp, accumulation_dtype, dtype_name, resolve_op, to_reduce_op
+from ..runtime import debug as _debug
+from ..runtime.group import Group
+from ..runtime.plans import PLANS as _PLANS
+from ..runtime.plans import planned_pair, remember, remember_pair
+from ..runtime.progress import _ABANDONED, completed_work, drive, start, unusable
+from ..runtime.tensors import as_tensor, overlaps, work_view
+from ..tuning import select
+from .groups import resolve_group
 
 __all__ = [
     "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
-    "reduce_scatter_tensor", "all_to_all_single", "send", "recv", "isend", "irecv",
-    "batch_isend_irecv", "P2POp", "barrier",
+    "reduce_scatter_tensor", "all_to_all_single", "barrier",
 ]
 
 _TAG_SPACE = 1 << 14  # algorithm tags cycle through [0, 2**14): below every MPI's MPI_TAG_UB
-_USER_TAG_MAX = 32767  # the smallest MPI_TAG_UB the MPI standard allows
 
 
 # ----- shared checks -----------------------------------------------------------------------
@@ -54,7 +55,7 @@ def _fail(group: Group, fn: str, exc: CommError) -> None:
 def _agree(group: Group, fn: str, algo, **fields) -> None:
     # The algorithm is part of the call: ranks running different ones (algorithm=, COMMLIB_ALGO)
     # would exchange mismatched messages.
-    fields["algorithm"] = algo.__module__.rsplit(".", 1)[-1]
+    fields["algorithm"] = algo.name
     text = ", ".join(f"{k}={v}" for k, v in fields.items())
     _debug.agree(group, fn, f"{fn}({text})")
 
@@ -87,7 +88,9 @@ def _op(fn: str, op, dtype: torch.dtype) -> ReduceOp:
     return applied
 
 
-def _root(fn: str, group: Group, arg: str, global_root, group_root) -> int:
+def root_rank(fn: str, group: Group, arg: str, global_root, group_root) -> int:
+    """The group rank given as ``arg`` (a world rank) or ``group_<arg>`` (a group rank), checked;
+    default the group's first rank."""
     if group_root is not None:
         if global_root is not None:
             raise arg_error(fn, arg, global_root, f"given together with group_{arg}",
@@ -118,9 +121,14 @@ def _same(fn: str, arg: str, t: torch.Tensor, ref: torch.Tensor, ref_arg: str) -
                         "move one of them")
 
 
-def _ctx(group: Group, op: ReduceOp | None, blocking: bool = False, _new=tuple.__new__) -> Ctx:
+def _ctx(group: Group, what: str, op: ReduceOp | None, blocking: bool = False,
+         _new=tuple.__new__) -> Ctx:
+    """The algorithm's context for this call; raises first on a group that cannot run operations
+    any more (algorithms that finish in one step act when called, before the progress loop)."""
+    if group.broken is not None:
+        unusable(group, what)
     return _new(Ctx, (group.backend, group.rank, group.size, group.seq % _TAG_SPACE, op,
-                      blocking))
+                      blocking, group.resources))
 
 
 def _reduce_view(flat: torch.Tensor, group: Group) -> torch.Tensor:
@@ -136,10 +144,11 @@ def _reduce_view(flat: torch.Tensor, group: Group) -> torch.Tensor:
 
 
 def _natively(algo, group: Group, t: torch.Tensor) -> bool:
-    """The algorithm reduces ``t``'s dtype and AVG itself on this group (``reduces_natively``,
-    e.g. the shared-memory ones), so the API layer neither upcasts nor divides."""
-    natively = getattr(algo, "reduces_natively", None)
-    return natively is not None and natively(group.backend, t)
+    """The algorithm reduces ``t``'s dtype and AVG itself on this group (its record's
+    ``reduces_natively``, e.g. the shared-memory ones), so the API layer neither upcasts nor
+    divides."""
+    natively = algo.reduces_natively
+    return natively is not None and natively(group.resources, t)
 
 
 # ----- reductions in place: all_reduce, reduce ---------------------------------------------
@@ -151,19 +160,20 @@ def _as_reducible(flat: torch.Tensor) -> torch.Tensor:
 
 
 def _reduce_in_place(group, algo, t, op, root, blocking):
-    ctx = _ctx(group, op, blocking)
+    ctx = _ctx(group, "all_reduce" if root is None else "reduce", op, blocking)
+    run = algo.run
     if root is None and _natively(algo, group, t):
         # The algorithm reduces every dtype itself (float32 accumulation of half precision, AVG
         # divided before the one rounding): no upcast copy, no division here.
         flat, copied = work_view(t, "all_reduce")
-        gen = algo(ctx, _as_reducible(flat))
+        gen = run(ctx, _as_reducible(flat))
         return gen, ((lambda: t.copy_(flat)) if copied else None), (t, flat)
     if op is not ReduceOp.AVG and t.dtype in group.backend.native_reduce_dtypes \
             and t.is_contiguous():  # the common case: the engine works on t itself
-        return (algo(ctx, t) if root is None else algo(ctx, t, root)), None, t
+        return (run(ctx, t) if root is None else run(ctx, t, root)), None, t
     flat, copied = work_view(t, "all_reduce" if root is None else "reduce")
     buf = _reduce_view(flat, group)
-    gen = algo(ctx, buf) if root is None else algo(ctx, buf, root)
+    gen = run(ctx, buf) if root is None else run(ctx, buf, root)
     upcast = buf.dtype is not flat.dtype and flat.dtype is not torch.bool
     if (root is not None and group.rank != root) or not (copied or upcast or op is ReduceOp.AVG):
         return gen, None, (t, buf)  # non-root tensors of reduce are left as they were
@@ -180,8 +190,8 @@ def _reduce_in_place(group, algo, t, op, root, blocking):
 
 
 def _run_plan(g: Group, post, tensor, what: str = "all_reduce") -> None:
-    """Run a planned call (commlib/_plans.py): the engine's blocking call under the watchdog, or
-    its non-blocking call through the poll loop (``COMMLIB_TIMEOUT_MODE=raise``)."""
+    """Run a planned call (commlib/runtime/plans.py): the engine's blocking call under the
+    watchdog, or its non-blocking call through the poll loop (``COMMLIB_TIMEOUT_MODE=raise``)."""
     if g.broken is not None:
         unusable(g, what)
     if not g.blocking:
@@ -192,12 +202,12 @@ def _run_plan(g: Group, post, tensor, what: str = "all_reduce") -> None:
             # memory does not own it), so it must outlive the request.
             _ABANDONED.append(tensor)
             raise
-    backend = g.backend
-    backend.inflight = what  # what the watchdog sees (commlib/_watchdog.py)
+    res = g.resources
+    res.inflight = what  # what the watchdog sees (commlib/runtime/watchdog.py)
     try:
         post()
     finally:
-        backend.inflight = None
+        res.inflight = None
     return None
 
 
@@ -206,7 +216,7 @@ def _plan_pair(fn: str, g: Group, algo, out, inp, output, input, rop, op, group,
     """Store and run a plan for a blocking ``reduce_scatter_tensor``/``all_gather_into_tensor``
     (``rop`` None) whose algorithm has one, on plain contiguous non-overlapping torch tensors the
     algorithm moves or reduces itself; else None (the general path runs)."""
-    prepare = getattr(algo, "prepare", None)
+    prepare = algo.prepare
     if prepare is None or async_op or g.debug or out is not output or inp is not input \
             or rop is ReduceOp.AVG or not (out.is_contiguous() and inp.is_contiguous()) \
             or overlaps(inp.reshape(-1), out.reshape(-1)):
@@ -214,7 +224,7 @@ def _plan_pair(fn: str, g: Group, algo, out, inp, output, input, rop, op, group,
     if rop is not None and not (out.dtype in g.backend.native_reduce_dtypes
                                 or (out.dtype is not torch.bool and _natively(algo, g, out))):
         return None
-    post = prepare(g.backend, out, inp, rop, g.blocking)
+    post = prepare(g.resources, out, inp, rop, g.blocking)
     if post is None:
         return None
     remember_pair(fn, output, input, op, group, algorithm, g, post)
@@ -251,7 +261,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group: Group | None = None, async_op: bo
     try:
         t = as_tensor(tensor, "all_reduce", "tensor", writable=True)
         rop = _op("all_reduce", op, t.dtype)
-        algo = select("all_reduce", t.nbytes, g, algorithm, "all_reduce", t.dtype)
+        algo = select("all_reduce", t.nbytes, g, algorithm, "all_reduce", t.dtype, t.device.type, rop)
     except CommError as exc:
         _fail(g, "all_reduce", exc)
         raise
@@ -260,12 +270,12 @@ def all_reduce(tensor, op=ReduceOp.SUM, group: Group | None = None, async_op: bo
     g.seq += 1
     if t.numel() == 0:
         return completed_work() if async_op else None
-    prepare = getattr(algo, "prepare", None)
+    prepare = algo.prepare
     if prepare is not None and not async_op and not g.debug and t is tensor \
             and rop is not ReduceOp.AVG and t.is_contiguous() \
             and (t.dtype in g.backend.native_reduce_dtypes
                  or (t.dtype is not torch.bool and _natively(algo, g, t))):
-        post = prepare(g.backend, t, t, rop, g.blocking)
+        post = prepare(g.resources, t, t, rop, g.blocking)
         if post is not None:
             remember(tensor, op, group, algorithm, g, post)
             return _run_plan(g, post, tensor)
@@ -281,8 +291,8 @@ def reduce(tensor, dst: int | None = None, op=ReduceOp.SUM, group: Group | None 
     try:
         t = as_tensor(tensor, "reduce", "tensor", writable=True)
         rop = _op("reduce", op, t.dtype)
-        root = _root("reduce", g, "dst", dst, group_dst)
-        algo = select("reduce", t.nbytes, g, algorithm, "reduce", t.dtype)
+        root = root_rank("reduce", g, "dst", dst, group_dst)
+        algo = select("reduce", t.nbytes, g, algorithm, "reduce", t.dtype, t.device.type, rop)
     except CommError as exc:
         _fail(g, "reduce", exc)
         raise
@@ -298,7 +308,7 @@ def reduce(tensor, dst: int | None = None, op=ReduceOp.SUM, group: Group | None 
 # ----- broadcast ---------------------------------------------------------------------------
 def _broadcast(group, algo, t, root, blocking):
     flat, copied = work_view(t, "broadcast")
-    gen = algo(_ctx(group, None, blocking), flat, root)
+    gen = algo.run(_ctx(group, "broadcast", None, blocking), flat, root)
     if copied and group.rank != root:
         return gen, (lambda: t.copy_(flat)), (t, flat)
     return gen, None, (t, flat)
@@ -310,7 +320,7 @@ def broadcast(tensor, src: int | None = None, group: Group | None = None, async_
     g = resolve_group(group, "broadcast")
     try:
         t = as_tensor(tensor, "broadcast", "tensor", writable=True)
-        root = _root("broadcast", g, "src", src, group_src)
+        root = root_rank("broadcast", g, "src", src, group_src)
         algo = select("broadcast", t.nbytes, g, algorithm, "broadcast")
     except CommError as exc:
         _fail(g, "broadcast", exc)
@@ -370,10 +380,10 @@ def all_gather_into_tensor(output_tensor, input_tensor, group: Group | None = No
     if post is not None:
         return _run_plan(g, post, (out, inp), fn)
     out_buf, copied = work_view(out, fn, "output_tensor")
-    in_place = getattr(algo, "gathers_in_place", None)
-    own = g.rank if not copied and in_place is not None and in_place(g.backend, out) else -1
+    in_place = algo.gathers_in_place
+    own = g.rank if not copied and in_place is not None and in_place(g.resources, out) else -1
     inp_flat = _prepare_gather_input(inp, out, own)
-    gen = algo(_ctx(g, None, g.blocking and not async_op), out_buf, inp_flat)
+    gen = algo.run(_ctx(g, fn, None, g.blocking and not async_op), out_buf, inp_flat)
     finish = (lambda: out.copy_(out_buf)) if copied else None
     return start(gen, finish, (out, out_buf, inp_flat), g, fn, g.seq, async_op)
 
@@ -417,7 +427,7 @@ def all_gather(tensor_list: list, tensor, group: Group | None = None, async_op: 
             o.copy_(flat[i * n:(i + 1) * n].view(o.shape))
 
     inp_flat = _prepare_gather_input(inp, flat)
-    gen = algo(_ctx(g, None, g.blocking and not async_op), flat, inp_flat)
+    gen = algo.run(_ctx(g, fn, None, g.blocking and not async_op), flat, inp_flat)
     return start(gen, scatter_back, (flat, inp_flat), g, fn, g.seq, async_op)
 
 
@@ -428,7 +438,8 @@ def _reduce_scatter(group, algo, out, inp, op, blocking):
     if _natively(algo, group, out):  # reduces every dtype itself, AVG included
         if overlaps(inp_flat, out_flat):
             inp_flat = inp_flat.clone()
-        gen = algo(_ctx(group, op, blocking), _as_reducible(out_flat), _as_reducible(inp_flat))
+        gen = algo.run(_ctx(group, "reduce_scatter_tensor", op, blocking), _as_reducible(out_flat),
+                       _as_reducible(inp_flat))
         finish = (lambda: out.copy_(out_flat.view(out.shape))) if copied else None
         return gen, finish, (out, out_flat, inp_flat)
     inp_buf = _reduce_view(inp_flat, group)
@@ -440,7 +451,7 @@ def _reduce_scatter(group, algo, out, inp, op, blocking):
         out_buf = torch.empty(out_flat.shape, dtype=inp_buf.dtype, device=out_flat.device)
     else:
         out_buf = out_flat.view(inp_buf.dtype)  # itself, or bool viewed as uint8
-    gen = algo(_ctx(group, op, blocking), out_buf, inp_buf)
+    gen = algo.run(_ctx(group, "reduce_scatter_tensor", op, blocking), out_buf, inp_buf)
 
     def finish():
         if op is ReduceOp.AVG:
@@ -471,7 +482,8 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group: Group | None = 
                             f"must hold group size ({g.size}) x output elements "
                             f"({out.numel()}) = {g.size * out.numel()} elements",
                             "size input as group size x output")
-        algo = select("reduce_scatter", inp.numel() * inp.element_size(), g, algorithm, fn, inp.dtype)
+        algo = select("reduce_scatter", inp.numel() * inp.element_size(), g, algorithm, fn, inp.dtype,
+                      inp.device.type, rop)
     except CommError as exc:
         _fail(g, fn, exc)
         raise
@@ -514,7 +526,8 @@ def _all_to_all(group, algo, out, inp, out_counts, in_counts, blocking):
     inp_flat = inp.reshape(-1) if inp.is_contiguous() else inp.contiguous().view(-1)
     if overlaps(inp_flat, out_flat):
         inp_flat = inp_flat.clone()
-    gen = algo(_ctx(group, None, blocking), out_flat, inp_flat, out_counts, in_counts)
+    gen = algo.run(_ctx(group, "all_to_all_single", None, blocking), out_flat, inp_flat, out_counts,
+                   in_counts)
     finish = (lambda: out.copy_(out_flat.view(out.shape))) if copied else None
     return gen, finish, (out, out_flat, inp_flat)
 
@@ -558,110 +571,5 @@ def barrier(group: Group | None = None, async_op: bool = False, device_ids=None)
     if g.debug:
         _agree(g, "barrier", algo)
     g.seq += 1
-    ctx = _ctx(g, None, g.blocking and not async_op)
-    return start(algo(ctx), None, None, g, "barrier", g.seq, async_op)
-
-
-# ----- point-to-point ----------------------------------------------------------------------
-def _peer(fn: str, group: Group, arg: str, peer, group_peer, allow_any: bool = False):
-    if group_peer is None and peer is None:
-        if allow_any:
-            return None
-        raise arg_error(fn, arg, None, "is required", f"pass {arg}=<world rank> or group_{arg}=")
-    r = _root(fn, group, arg, peer, group_peer)
-    return r
-
-
-def _tag(fn: str, tag) -> int:
-    if not isinstance(tag, int) or not 0 <= tag <= _USER_TAG_MAX:
-        raise arg_error(fn, "tag", tag, f"must be an int in 0..{_USER_TAG_MAX}",
-                        "use a small non-negative tag")
-    return tag
-
-
-def _p2p(group, what, t, peer, tag):
-    flat, copied = work_view(t, None if what == "send" else "recv")
-    if what == "send":
-        return [group.backend.isend(flat, peer, tag, user=True)], None, (t, flat)
-    handle = group.backend.irecv(flat, peer, tag, user=True)
-
-    def finish():
-        if copied:
-            t.copy_(flat)
-        source = peer if peer is not None else group.backend.source_of(handle)
-        return group.ranks[source]
-
-    return [handle], finish, (t, flat)
-
-
-def _post_p2p(fn: str, what: str, tensor, peer, group, tag, group_peer, async_op: bool):
-    g = resolve_group(group, fn)
-    t = as_tensor(tensor, fn, "tensor", writable=(what == "recv"))
-    arg = "dst" if what == "send" else "src"
-    p = _peer(fn, g, arg, peer, group_peer, allow_any=(what == "recv"))
-    tag = _tag(fn, tag)
-    if not async_op and p == g.rank:  # at any group size: MPI does not buffer large messages
-        raise arg_error(fn, arg, peer if peer is not None else group_peer,
-                        f"is this rank itself; a blocking {what} to or from oneself never completes",
-                        "use isend/irecv for messages to oneself, or another rank")
-    return start(*_p2p(g, what, t, p, tag), g, fn, g.seq, async_op)
-
-
-def send(tensor, dst: int | None = None, group: Group | None = None, tag: int = 0, *,
-         group_dst: int | None = None) -> None:
-    """Send ``tensor`` to world rank ``dst`` (or ``group_dst``); returns when it may be reused."""
-    _post_p2p("send", "send", tensor, dst, group, tag, group_dst, False)
-
-
-def recv(tensor, src: int | None = None, group: Group | None = None, tag: int = 0, *,
-         group_src: int | None = None) -> int:
-    """Receive into ``tensor`` from world rank ``src`` (any rank if None); returns the sender's
-    world rank."""
-    return _post_p2p("recv", "recv", tensor, src, group, tag, group_src, False)
-
-
-def isend(tensor, dst: int | None = None, group: Group | None = None, tag: int = 0, *,
-          group_dst: int | None = None) -> Work:
-    """Non-blocking :func:`send`; returns a ``Work``."""
-    return _post_p2p("isend", "send", tensor, dst, group, tag, group_dst, True)
-
-
-def irecv(tensor, src: int | None = None, group: Group | None = None, tag: int = 0, *,
-          group_src: int | None = None) -> Work:
-    """Non-blocking :func:`recv`; ``work.result()`` is the sender's world rank."""
-    return _post_p2p("irecv", "recv", tensor, src, group, tag, group_src, True)
-
-
-class P2POp(NamedTuple):
-    """One point-to-point operation for :func:`batch_isend_irecv`: ``op`` is ``commlib.isend`` or
-    ``commlib.irecv`` (``torch.distributed.isend``/``irecv`` are accepted too)."""
-
-    op: Callable
-    tensor: object
-    peer: int | None = None
-    group: Group | None = None
-    tag: int = 0
-    group_peer: int | None = None
-
-
-def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work]:
-    """Post every send and receive of the list at once; returns one ``Work`` per op."""
-    fn = "batch_isend_irecv"
-    if not isinstance(p2p_op_list, (list, tuple)) or not p2p_op_list:
-        raise arg_error(fn, "p2p_op_list", p2p_op_list, "must be a non-empty list of P2POp",
-                        "pass [commlib.P2POp(commlib.isend, t, peer), ...]", CommTypeError)
-    works = []
-    for i, p in enumerate(p2p_op_list):
-        if not isinstance(p, P2POp):
-            raise arg_error(fn, f"p2p_op_list[{i}]", p, "must be a commlib.P2POp",
-                            "build it with commlib.P2POp(commlib.isend, tensor, peer)", CommTypeError)
-        kind = getattr(p.op, "__name__", "")
-        if kind not in ("isend", "irecv"):
-            raise arg_error(fn, f"p2p_op_list[{i}].op", p.op, "must be isend or irecv",
-                            "use commlib.isend or commlib.irecv")
-        what = "send" if kind == "isend" else "recv"
-        if what == "recv" and p.peer is None and p.group_peer is None:
-            raise arg_error(fn, f"p2p_op_list[{i}].peer", None,
-                            "a batched receive needs its peer", "give the sender's rank")
-        works.append(_post_p2p(fn, what, p.tensor, p.peer, p.group, p.tag, p.group_peer, True))
-    return works
+    ctx = _ctx(g, "barrier", None, g.blocking and not async_op)
+    return start(algo.run(ctx), None, None, g, "barrier", g.seq, async_op)

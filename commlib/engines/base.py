@@ -1,4 +1,4 @@
-"""The interface every backend implements.
+"""The interface every engine (``Backend``: mpi, torch, nccl, self) implements.
 
 A backend instance is one communicator: the ranks of one group, numbered 0..size-1. It moves flat,
 contiguous torch tensors (the API layer has already flattened, made contiguous, upcast half
@@ -17,6 +17,7 @@ Two channels keep commlib's own traffic apart from the user's: ``isend``/``irecv
 
 from __future__ import annotations
 
+import os
 from typing import Any, Sequence
 
 import torch
@@ -65,6 +66,15 @@ class Backend:
                 mine = sub
         return mine
 
+    def all_gather_ints(self, values: list[int]) -> list[list[int]]:
+        """Collective: every rank's ``values`` (the same count on every rank), blocking; for
+        bootstrapping (group facts, transports) rather than for data."""
+        device = "cpu" if "cpu" in self.devices else "cuda"
+        inp = torch.tensor(values, dtype=torch.int64, device=device)
+        out = torch.empty(self.size * len(values), dtype=torch.int64, device=device)
+        self.wait([self.all_gather(out, inp, True)])
+        return out.cpu().view(self.size, len(values)).tolist()
+
     def global_ranks(self) -> list[int]:
         """World rank of each rank of this communicator."""
         raise NotImplementedError
@@ -74,8 +84,6 @@ class Backend:
 
     def abort(self, code: int = 1) -> None:
         """End every process of the job (used for uncaught exceptions under a launcher)."""
-        import os
-
         os._exit(code)
 
     # ----- completion ---------------------------------------------------------------------

@@ -38,7 +38,9 @@ def _run(groups, period: float) -> None:
         now = time.monotonic()
         for group in tuple(groups()):
             backend = group.backend
-            what = backend.inflight if backend is not None else None
+            # what runs blocking: a planned call or shared-memory op (the group's resources), or
+            # the engine's own blocking collective (set by the engine itself)
+            what = (group.resources.inflight or backend.inflight) if backend is not None else None
             if what is None or group.timeout is None:
                 seen.pop(id(group), None)
                 continue
