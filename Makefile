@@ -8,7 +8,7 @@ NP     ?= 2
 
 .PHONY: setup calibrate bench test clean
 
-# setup.py builds the C extension (commlib._shm) from csrc/ and csrc/shm/: a change there
+# setup.py builds the C extension (commlib.transports._shm) from csrc/ and csrc/shm/: a change there
 # reinstalls too.
 $(VENV)/.installed: pyproject.toml setup.py $(wildcard csrc/*.c csrc/*.h csrc/shm/*.c csrc/shm/*.h)
 	$(PYTHON) -m venv $(VENV)

@@ -1,4 +1,4 @@
-"""Build of commlib's optional C extension (csrc/shm/ -> commlib._shm), the CPU fast path of the
+"""Build of commlib's optional C extension (csrc/shm/ -> commlib.transports._shm), the CPU fast path of the
 shared-memory collectives. Everything else is in pyproject.toml.
 
 A unity build: csrc/shm/module.c includes the other parts (wait.h, reduce.c, protocol.c, with
@@ -19,7 +19,7 @@ _FLAGS = ["-O3", "-std=gnu11", "-ffp-contract=off", "-fno-strict-aliasing"]
 setup(
     ext_modules=[
         Extension(
-            "commlib._shm",
+            "commlib.transports._shm",
             sources=["csrc/shm/module.c"],
             depends=["csrc/shm/shm.h", "csrc/shm/wait.h", "csrc/shm/reduce.c",
                      "csrc/shm/protocol.c", "csrc/reduce_math.h", "csrc/reduce_simd.h",

@@ -34,11 +34,11 @@ from mpi4py import MPI
 
 import commlib
 from _quiet import quiet_for, quiet_summary, set_patience, time_loop as _time_loop
-from commlib._progress import start
-from commlib.collectives import _ctx
+from commlib.algorithms import Call
+from commlib.api.collectives import _ctx
 from commlib.kernels import reduce_
 from commlib.ops import ReduceOp
-from commlib.algorithms.hierarchical import host_layout
+from commlib.runtime.progress import start
 from commlib.tuning.calibration import entry_key, fit_alpha_beta, load, save_entry, tuning_path
 from commlib.tuning.model import Curve, LinkCost
 from commlib.tuning.selector import eligible
@@ -98,7 +98,7 @@ def p2p_points(group, comm, target, rounds, steps=4) -> dict[int, float]:
 
         def step(send=send, recv=recv):
             group.seq += 1
-            start(_shift_steps(_ctx(group, None), send, recv, steps), None, (send, recv), group,
+            start(_shift_steps(_ctx(group, "calibrate", None), send, recv, steps), None, (send, recv), group,
                   "calibrate", group.seq, False)
 
         points[nbytes] = measure(step, comm, target, rounds) / steps
@@ -134,7 +134,7 @@ def measured_algorithms(group, coll: str) -> list[str]:
     step formula sees (a fresh temporary per call: page faults above the allocator's cache, the
     local reduction's cache misses), so a measured curve prices them better where one exists.
     The formulas price everything else: other group sizes, other machines, planning."""
-    return eligible(coll, group.model) if group.model is not None else ["native"]
+    return eligible(group.resources, Call(coll, 0)) if group.model is not None else ["native"]
 
 
 def curves(group, comm, p, target, rounds) -> dict[str, dict[str, dict[int, float]]]:
@@ -178,7 +178,7 @@ def main(argv=None) -> int:
         GAMMA_SIZES = GAMMA_SIZES[:1]
     out = args.out or str(tuning_path())
     if args.if_missing:
-        layout = host_layout(group.backend)
+        layout = group.resources.layout
         entry = entry_key(group.backend.name, p, len(layout.hosts) if layout.spans_hosts else 1)
         if os.path.exists(out) and entry in load(out)["groups"]:
             if rank == 0:
@@ -186,7 +186,7 @@ def main(argv=None) -> int:
             commlib.finalize()
             return 0
 
-    layout = host_layout(group.backend)
+    layout = group.resources.layout
     hosts = len(layout.hosts) if layout.spans_hosts else 1
     key = entry_key(group.backend.name, p, hosts)
     links: dict[str, dict[int, float]] = {}

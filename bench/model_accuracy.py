@@ -57,7 +57,7 @@ def worker(args) -> int:
     from _harness import init_gloo
     from _quiet import set_patience
     from calibrate import measure_many, quiet_summary, run
-    from commlib.algorithms import get_algorithm
+    from commlib.algorithms import Call
     from commlib.tuning import select
     from commlib.tuning.selector import GroupModel, eligible, predictions
 
@@ -75,11 +75,10 @@ def worker(args) -> int:
     formula_table = copy.copy(model.table)
     formula_table.curves = {c: {a: cv for a, cv in algos.items() if a == "native"}
                             for c, algos in model.table.curves.items()}
-    formula_model = GroupModel(formula_table, model.source, model.has_shm, model.hierarchical)
+    formula_model = GroupModel(formula_table, model.source, model.gpu)
     rows = []
     for coll in COLLECTIVES:
-        names = eligible(coll, model)
-        by_fn = {get_algorithm(coll, n): n for n in names}
+        names = eligible(group.resources, Call(coll, 0))
         for nbytes in SIZES:
             count = max(p, nbytes // 4 // p * p)
             full, part = torch.ones(count), torch.ones(count // p)
@@ -105,9 +104,10 @@ def worker(args) -> int:
                 confirm = {"best": best, "auto": statistics.median(again["(auto)"]),
                            "best_time": statistics.median(again[best]),
                            "ratio": statistics.median(a / b for a, b in zip(again["(auto)"], again[best]))}
-            predicted = {x.algorithm: x.seconds for x in predictions(coll, size, group, model)}
-            formula = {x.algorithm: x.seconds for x in predictions(coll, size, group, formula_model)}
-            picked = by_fn[select(coll, size, group, None, coll)]
+            call = Call(coll, size)
+            predicted = {x.algorithm: x.seconds for x in predictions(call, p, group.resources, model)}
+            formula = {x.algorithm: x.seconds for x in predictions(call, p, group.resources, formula_model)}
+            picked = select(coll, size, group, None, coll).name
             rows.append({"p": p, "collective": coll, "size": size, "measured": measured,
                          "others": others, "predicted": predicted, "formula": formula,
                          "picked": picked, "confirm": confirm})

@@ -46,7 +46,7 @@ from .errors import (
 )
 from .ops import ReduceOp
 from .runtime.progress import Work
-from .version import __version__
+from .version import __version__  # noqa: F401  (commlib.__version__)
 
 # ``commlib.tuning.explain``, the name the docs used first: the same function. (The tuning layer
 # sits below the groups, so the API, which knows the default group, provides it.)

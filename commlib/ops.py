@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 
 import torch
+import torch.distributed as dist
 
 __all__ = ["ReduceOp", "DTYPES", "dtype_name", "accumulation_dtype", "resolve_op"]
 
@@ -99,8 +100,6 @@ def to_reduce_op(op) -> ReduceOp | None:
     name = getattr(op, "name", None)
     if name is None:  # torch.distributed.ReduceOp instances carry no name; compare by value
         try:
-            import torch.distributed as dist
-
             for candidate in ReduceOp:
                 if op == getattr(dist.ReduceOp, candidate.name, object()):
                     return candidate

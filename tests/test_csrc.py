@@ -28,8 +28,8 @@ def test_nvcc_compiles(source, arch, tmp_path):
 
 
 def test_cpu_extension_is_built():
-    """pip install -e . builds commlib._shm from csrc/shm/ (setup.py) where gcc and the Python
+    """pip install -e . builds commlib.transports._shm from csrc/shm/ (setup.py) where gcc and the Python
     headers exist, as on this machine."""
-    import commlib._shm as ext
+    import commlib.transports._shm as ext
 
     assert ext.MAX_RANKS == 64 and hasattr(ext, "Segment")

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from commlib import CommArgumentError
-from commlib.backends import cuda_ipc as ipc
+from commlib.transports import cuda_ipc as ipc
 from commlib.ops import ReduceOp
 
 NV = dict(full_nvlink=True, p2p_ok=True)
@@ -90,7 +90,7 @@ def test_kernels_load_and_reduce_on_one_gpu():
     assert bool((out == x).all())
 
 
-# ----- the runtime's host-side decisions (commlib.backends.cuda_ipc.CudaIpcAllReduce) ---------
+# ----- the runtime's host-side decisions (commlib.transports.cuda_ipc.CudaIpcAllReduce) ---------
 def rec(uuid, p2p=0b1111, nvl=0b1111, host=7, handle=b"", offset=0):
     return ipc.PeerRecord(host, 100, uuid, p2p, nvl, handle, offset)
 
@@ -183,3 +183,13 @@ def test_runtime_on_one_gpu_is_the_identity():
     rt.all_reduce(t)
     assert seen == [ReduceOp.SUM]
     rt.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs of one host; CUDA is absent here")
+def test_all_reduce_reaches_the_kernels_through_selection(mpirun):
+    """commlib.all_reduce on CUDA tensors, NCCL engine (CuPy) under mpiexec: the kernels run where
+    selection picks them, NCCL elsewhere, and every result matches the definition."""
+    pytest.importorskip("cupy")
+    proc = mpirun(2, "cuda_ipc_gpu.py", timeout=300, COMMLIB_BACKEND="nccl")
+    assert "ok case_all_reduce_through_the_kernels (world size 2)" in proc.stdout, proc.stdout

@@ -17,7 +17,7 @@ def test_configuration_page_is_generated_from_the_option_table():
     assert proc.returncode == 0, proc.stderr
     on_disk = (DOCS / "configuration.md").read_text()
     assert on_disk == proc.stdout, (
-        "docs/configuration.md is out of date with commlib/config.py. Fix: "
+        "docs/configuration.md is out of date with commlib/config/__init__.py. Fix: "
         "python -m commlib.config --markdown > docs/configuration.md")
 
 

@@ -1,4 +1,4 @@
-"""The host build of csrc/reduce_math.h (through commlib._shm, built by the package install)
+"""The host build of csrc/reduce_math.h (through commlib.transports._shm, built by the package install)
 against the torch reference of commlib.kernels: every dtype x op, bit for bit."""
 
 import sys
@@ -6,11 +6,11 @@ import sys
 import pytest
 import torch
 
-from commlib.backends import shm
+from commlib.transports import shm
 from commlib.kernels import cast_, reduce_many
 from commlib.ops import ReduceOp
 
-ext = pytest.importorskip("commlib._shm", reason="the C extension is not built (pip install -e .)")
+ext = pytest.importorskip("commlib.transports._shm", reason="the C extension is not built (pip install -e .)")
 
 FLOAT_OPS = [ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX]
 INT_OPS = [ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.BAND,

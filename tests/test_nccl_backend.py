@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from commlib.backends import nccl as nb
+from commlib.engines import nccl as nb
 from commlib.errors import CommBackendError, CommUnsupportedError
 from commlib.ops import ReduceOp
 from conftest import MPI_DIR
@@ -132,7 +132,7 @@ def test_device_choice():
 # ----- without CuPy / CUDA --------------------------------------------------------------------
 def test_module_imports_without_cupy():
     assert "cupy" not in sys.modules or cuda_available
-    from commlib.backends import get_backend_class
+    from commlib.engines import get_backend_class
 
     assert get_backend_class("nccl") is nb.NCCLBackend
 

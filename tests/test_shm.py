@@ -1,4 +1,4 @@
-"""Shared-memory collectives (commlib/backends/shm.py, csrc/shm/) on real ranks: every
+"""Shared-memory collectives (commlib/transports/shm.py, csrc/shm/) on real ranks: every
 collective x op x dtype at 1 to 4 ranks with messages larger than the segment's regions, async
 and polled operation, two groups at once, and a rank killed mid-collective (the others raise,
 nothing hangs, nothing is left in /dev/shm)."""
@@ -13,7 +13,7 @@ import time
 import pytest
 from conftest import ROOT, torchrun_env
 
-pytest.importorskip("commlib._shm", reason="the C extension is not built (pip install -e .)")
+pytest.importorskip("commlib.transports._shm", reason="the C extension is not built (pip install -e .)")
 
 CASES = ("case_segment", "case_all_reduce", "case_reduce_scatter", "case_movement",
          "case_async_and_polled", "case_two_groups", "case_shared_buffers", "case_cuda_ipc_runtime_without_gpu")

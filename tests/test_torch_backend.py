@@ -111,7 +111,7 @@ def test_p2p_algorithms_over_torch(n):
 def test_init_without_environment_says_how(monkeypatch):
     import torch.distributed as dist
 
-    from commlib.backends import get_backend_class
+    from commlib.engines import get_backend_class
     from commlib.errors import CommBackendError
 
     if dist.is_initialized():
@@ -125,7 +125,7 @@ def test_init_without_environment_says_how(monkeypatch):
 
 
 def test_engine_tables():
-    from commlib.backends import torch_dist as td
+    from commlib.engines import torch_dist as td
     from commlib.ops import ReduceOp
 
     # every commlib op maps to a torch op (AVG is a SUM that commlib divides afterwards)

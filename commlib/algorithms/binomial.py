@@ -60,19 +60,19 @@ def _all_reduce_cost(p, n, link):
     return 2 * ceil_log2(p) * link.step(n) + ceil_log2(p) * n * link.gamma
 
 
-@register_algorithm("binomial", "broadcast", cost=_broadcast_cost)
+@register_algorithm("binomial", "broadcast", cost=_broadcast_cost, prices_native=True)
 def broadcast(ctx, buf, root):
     yield from _broadcast(ctx, buf.view(-1), root)
 
 
-@register_algorithm("binomial", "reduce", cost=_reduce_cost)
+@register_algorithm("binomial", "reduce", cost=_reduce_cost, prices_native=True)
 def reduce(ctx, buf, root):
     flat = buf.view(-1)
     # Non-root ranks keep their input: they accumulate in a copy.
     yield from _reduce(ctx, flat if ctx.rank == root else flat.clone(), root)
 
 
-@register_algorithm("binomial", "all_reduce", cost=_all_reduce_cost)
+@register_algorithm("binomial", "all_reduce", cost=_all_reduce_cost, prices_native=True)
 def all_reduce(ctx, buf):
     flat = buf.view(-1)
     yield from _reduce(ctx, flat, 0)

@@ -47,7 +47,7 @@ def _all_gather_cost(p, n, link):
     return halving(k, n, link) + f * (link.step(n / p) + link.step(n))
 
 
-@register_algorithm("recursive_doubling", "all_reduce", cost=_all_reduce_cost)
+@register_algorithm("recursive_doubling", "all_reduce", cost=_all_reduce_cost, prices_native=True)
 def all_reduce(ctx, buf):
     flat = buf.view(-1)
     p2, rem = _fold.shape(ctx.size)
@@ -64,7 +64,7 @@ def all_reduce(ctx, buf):
     yield from _fold.fold_out(ctx, flat, rem)
 
 
-@register_algorithm("recursive_doubling", "all_gather", cost=_all_gather_cost)
+@register_algorithm("recursive_doubling", "all_gather", cost=_all_gather_cost, prices_native=True)
 def all_gather(ctx, out, inp):
     n, r = inp.numel(), ctx.rank
     flat, mine = out.view(-1), inp.view(-1)

@@ -100,7 +100,9 @@ class Algorithm:
     ``prepare(res, out, inp, op, blocking)`` pre-binds a repeated blocking call (commlib's plan
     cache), ``reduces_natively(res, t)`` says it reduces ``t``'s dtype and AVG itself (no upcast,
     no division by the API), ``gathers_in_place(res, out)`` says an all-gather input that is this
-    rank's block of ``out`` needs no copy."""
+    rank's block of ``out`` needs no copy. ``prices_native``: the engines' own collectives run
+    this textbook algorithm (or better), so without a measured curve ``native`` is priced as the
+    cheapest of these."""
 
     name: str
     collective: str
@@ -113,6 +115,7 @@ class Algorithm:
     prepare: Callable | None = None
     reduces_natively: Callable | None = None
     gathers_in_place: Callable | None = None
+    prices_native: bool = False
 
     def __call__(self, ctx, *buffers):
         return self.run(ctx, *buffers)

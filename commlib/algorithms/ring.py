@@ -52,7 +52,7 @@ def _all_gather_cost(p, n, link):
     return (p - 1) * link.step(n / p)
 
 
-@register_algorithm("ring", "all_reduce", cost=_all_reduce_cost)
+@register_algorithm("ring", "all_reduce", cost=_all_reduce_cost, prices_native=True)
 def all_reduce(ctx, buf):
     flat = buf.view(-1)
     bounds = chunk_bounds(flat.numel(), ctx.size)
@@ -60,7 +60,7 @@ def all_reduce(ctx, buf):
     yield from all_gather_steps(ctx, flat, bounds)
 
 
-@register_algorithm("ring", "reduce_scatter", cost=_reduce_scatter_cost)
+@register_algorithm("ring", "reduce_scatter", cost=_reduce_scatter_cost, prices_native=True)
 def reduce_scatter(ctx, out, inp):
     n = out.numel()
     work = inp.reshape(-1).clone()  # the caller's input stays as it was
@@ -68,7 +68,7 @@ def reduce_scatter(ctx, out, inp):
     out.view(-1).copy_(work[ctx.rank * n:(ctx.rank + 1) * n])
 
 
-@register_algorithm("ring", "all_gather", cost=_all_gather_cost)
+@register_algorithm("ring", "all_gather", cost=_all_gather_cost, prices_native=True)
 def all_gather(ctx, out, inp):
     n = inp.numel()
     flat = out.view(-1)

@@ -232,7 +232,7 @@ def _plan_pair(fn: str, g: Group, algo, out, inp, output, input, rop, op, group,
 
 
 def _repeat(fn: str, out, inp, op, group, algorithm) -> bool:
-    """Run the stored plan of this exact blocking call (a repeated call: see commlib/_plans.py);
+    """Run the stored plan of this exact blocking call (a repeated call: see commlib/runtime/plans.py);
     False when there is none."""
     hit = planned_pair(fn, out, inp, op, group, algorithm)
     if hit is None:
@@ -254,7 +254,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group: Group | None = None, async_op: bo
     if plan is not None and not async_op and plan[0]() is tensor and plan[1] is op \
             and plan[2] is group and plan[3] is algorithm and tensor.data_ptr() == plan[4] \
             and tensor.numel() == plan[5] and tensor.is_contiguous():
-        g = plan[6]  # a repeated call: see commlib/_plans.py
+        g = plan[6]  # a repeated call: see commlib/runtime/plans.py
         g.seq += 1
         return _run_plan(g, plan[7], tensor)
     g = resolve_group(group, "all_reduce")

@@ -25,7 +25,6 @@ from ..runtime.group import Group
 from ..runtime.group import state as _state
 from ..topology import mesh_order
 from ..topology.gather import rank_locality
-from ..tuning import clear_cache
 
 __all__ = [
     "Group", "Mesh", "init", "finalize", "is_initialized", "get_rank", "get_world_size",
@@ -151,7 +150,6 @@ def finalize() -> None:
         _state.excepthook = None
     _state.world, _state.backend_name, _state.groups = None, None, []
     _plans.clear()
-    clear_cache()  # a new world's groups may reuse the old ones' ids
 
 
 atexit.register(finalize)

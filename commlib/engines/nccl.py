@@ -151,9 +151,17 @@ def device_for_local_rank(local_rank: int, device_count: int) -> int:
 
 
 # ----- the engine -------------------------------------------------------------------------------
+def _mpi():
+    """mpi4py's MPI, imported on first use: importing it initializes MPI, which a process that
+    only imports this module (tests of the engine's pure parts, planning) must not do."""
+    from mpi4py import MPI
+
+    return MPI
+
+
 def _import_cupy():
     """CuPy with NCCL and a visible GPU, or CommBackendError saying what is missing."""
-    try:
+    try:  # optional dependency (the 'cuda' extra): imported only by this engine's users
         import cupy
         from cupy.cuda import nccl
     except ImportError as exc:
@@ -223,7 +231,7 @@ class NCCLBackend(Backend):
     def create_world(cls, **options) -> "NCCLBackend":
         cupy, nccl, count = _import_cupy()
         try:
-            from mpi4py import MPI
+            MPI = _mpi()
         except ImportError as exc:
             raise CommBackendError(
                 f"commlib.init(): backend 'nccl' bootstraps over MPI ({exc}). Fix: pip install "
@@ -239,8 +247,7 @@ class NCCLBackend(Backend):
         return cls(MPI.COMM_WORLD, cupy, nccl)
 
     def new_subgroup(self, ranks: Sequence[int]) -> "NCCLBackend | None":
-        from mpi4py import MPI
-
+        MPI = _mpi()
         ranks = list(ranks)
         member = self.rank in ranks
         key = ranks.index(self.rank) if member else 0
@@ -253,8 +260,7 @@ class NCCLBackend(Backend):
             sub.Free()
 
     def global_ranks(self) -> list[int]:
-        from mpi4py import MPI
-
+        MPI = _mpi()
         world = MPI.COMM_WORLD.Get_group()
         mine = self.mpi.Get_group()
         try:
@@ -267,15 +273,11 @@ class NCCLBackend(Backend):
         self.flush()
         for comm in (self.comm, self.user):
             comm.destroy()
-        from mpi4py import MPI
-
-        if not MPI.Is_finalized():
+        if not _mpi().Is_finalized():
             self.mpi.Free()
 
     def abort(self, code: int = 1) -> None:
-        from mpi4py import MPI
-
-        MPI.COMM_WORLD.Abort(code)
+        _mpi().COMM_WORLD.Abort(code)
 
     # ----- streams and buffers ------------------------------------------------------------
     def _stream(self):

@@ -2,7 +2,7 @@
 
 The torch implementation here defines the semantics (which op, which accumulation dtype, how AVG
 divides). The compiled kernels match it bit for bit: the per-element math of ``csrc/reduce_math.h``
-is shared by the CPU shared-memory path (``csrc/shm.c``, tested against these functions in
+is shared by the CPU shared-memory path (``csrc/shm/reduce.c``, tested against these functions in
 tests/test_kernels.py) and the CUDA kernels (``csrc/kernels.cu``, ``csrc/cuda_ipc.cu``).
 """
 

@@ -40,7 +40,7 @@ class Group:
 
     @property
     def shm(self):
-        """The group's shared-memory segment (a ``commlib._shm.Segment``), or None."""
+        """The group's shared-memory segment (a ``commlib.transports._shm.Segment``), or None."""
         return self.resources.shm
 
     @property

@@ -42,7 +42,8 @@ class Resources:
     name, and ``why_not``: why each other one is not. ``model``: the agreed cost model (None for
     one rank). ``broken``: why the group cannot run operations any more (finalized, an earlier
     timeout), else None. ``inflight``: the blocking operation running in C or the engine, for the
-    watchdog. ``state``: what algorithms build for this group on first use."""
+    watchdog. ``state``: what algorithms build for this group on first use. ``choices``:
+    selection's memo for this group."""
 
     name: str
     engine: Any = None
@@ -52,6 +53,8 @@ class Resources:
     model: GroupModel | None = None
     inflight: str | None = None
     state: dict[str, Any] = field(default_factory=dict)
+    #: the algorithms selection chose for this group's calls (commlib.tuning.select's memo)
+    choices: dict[tuple, Any] = field(default_factory=dict)
     #: the shared-memory segment (``transports["shm"].segment``), read on every shm call
     shm: Any = None
 

@@ -46,7 +46,7 @@ def as_tensor(x, fn: str, arg: str, writable: bool = False) -> torch.Tensor:
     elif type(x).__module__.split(".")[0] == "cupy":
         # CuPy work is queued on CuPy's current stream: finish it before an engine reads the
         # memory (DLPack hands over the pointer, not the stream order).
-        import cupy
+        import cupy  # optional dependency (the 'cuda' extra): only GPU paths get here
 
         cupy.cuda.get_current_stream().synchronize()
         t = torch.from_dlpack(x)

@@ -45,6 +45,7 @@ import pathlib
 import struct
 from typing import Callable, NamedTuple
 
+import numpy as np
 import torch
 
 from .. import config
@@ -157,7 +158,7 @@ def load_module():
     global _MODULE
     if _MODULE is None:
         try:
-            import cupy
+            import cupy  # optional dependency (the 'cuda' extra): only GPU paths get here
         except ImportError as exc:
             raise CommBackendError(
                 f"commlib cuda_ipc: CuPy is not installed ({exc}). Fix: pip install "
@@ -171,7 +172,7 @@ def p2p_works(dev_a: int, dev_b: int, nbytes: int = 1 << 16) -> bool:
     """A real peer-to-peer test: ``cudaDeviceCanAccessPeer`` both ways, then a copy from
     ``dev_a`` to ``dev_b`` that must arrive intact (some systems report access that does not
     work, as vLLM found)."""
-    import cupy
+    import cupy  # optional dependency (the 'cuda' extra): only GPU paths get here
 
     runtime = cupy.cuda.runtime
     if not (runtime.deviceCanAccessPeer(dev_a, dev_b) and runtime.deviceCanAccessPeer(dev_b, dev_a)):
@@ -334,7 +335,7 @@ def _nvlink_pairs(mine: str, uuids: list[str]) -> list[bool]:
     """NVML's NVLink P2P status from GPU ``mine`` to each GPU of ``uuids`` (torch's uuid strings;
     all False without pynvml, which makes groups above 2 GPUs fall back)."""
     try:
-        import pynvml
+        import pynvml  # optional dependency (the 'cuda' extra)
     except ImportError:
         return [False] * len(uuids)
     pynvml.nvmlInit()
@@ -416,7 +417,7 @@ class CudaIpcAllReduce:
         return bytes(share[1]), int(share[3])
 
     def _open_peers(self, records: list[PeerRecord]) -> None:
-        import cupy
+        import cupy  # optional dependency (the 'cuda' extra): only GPU paths get here
 
         runtime = cupy.cuda.runtime
         bases = []
@@ -436,7 +437,7 @@ class CudaIpcAllReduce:
 
     def _release(self) -> None:
         if self._opened:
-            import cupy
+            import cupy  # optional dependency (the 'cuda' extra): only GPU paths get here
 
             with cupy.cuda.Device(self.device):
                 for ptr in self._opened:
@@ -474,8 +475,7 @@ class CudaIpcAllReduce:
         return None
 
     def _launch(self, p: Plan, tensor: torch.Tensor) -> None:
-        import cupy
-        import numpy as np
+        import cupy  # optional dependency (the 'cuda' extra); only a GPU path gets here
 
         # the input must sit in the registered buffer where the peers read it: one
         # device-to-device copy on the current stream (the kernel then writes the caller's tensor)
@@ -540,7 +540,9 @@ class CudaIpcTransport(Transport):
             return f"the ranks span {facts.host_count} hosts (CUDA IPC needs one)"
         if size not in WORLD_SIZES:
             return f"world size {size} is not one of {WORLD_SIZES}"
-        device = torch.cuda.current_device()
+        # every rank counted a device, but this one may not be usable: the runtime's exchange then
+        # tells every rank (its record has no device), and the transport is not attached
+        device = torch.cuda.current_device() if torch.cuda.is_available() else None
 
         def fallback(tensor, op):
             engine.wait([engine.all_reduce(tensor, op)])

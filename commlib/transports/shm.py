@@ -5,7 +5,7 @@ It rides on the group's engine (MPI or torch.distributed), which still moves eve
 bootstraps the segment; this module only adds the data plane that the ``shm*`` algorithms of
 ``all_reduce`` (one-shot and two-shot), ``reduce_scatter``, ``all_gather`` and ``broadcast`` run on
 (commlib/algorithms/shm.py). The copy-in, the flag handshake and the reduction are compiled
-code, ``csrc/shm/`` (built into ``commlib._shm`` by the package install), because on this machine
+code, ``csrc/shm/`` (built into ``commlib.transports._shm`` by the package install), because on this machine
 kind the latency to beat is a few microseconds; see there for the segment layout and the
 memory-ordering argument.
 
@@ -39,14 +39,14 @@ __all__ = ["available", "why_unavailable", "ShmTransport", "KIND", "DTYPE_CODES"
 log = logging.getLogger("commlib")
 
 try:
-    import commlib._shm as _ext
+    from . import _shm as _ext
     _WHY: str | None = None
 except ImportError as exc:  # not built (no compiler at install) or not loadable here
     _ext = None
-    _WHY = f"the C extension commlib._shm is not available ({exc}); reinstall with a C compiler " \
+    _WHY = f"the C extension commlib.transports._shm is not available ({exc}); reinstall with a C compiler " \
            f"and Python headers (pip install -e .)"
 
-# Operation kinds of csrc/shm.c (enum K_*).
+# Operation kinds of csrc/shm/shm.h (enum K_*).
 KIND = {"oneshot": 0, "twoshot": 1, "reduce_scatter": 2, "all_gather": 3, "broadcast": 4}
 
 # torch dtype -> csrc/reduce_math.h dtype code. bool arrives as uint8 (commlib maps its ops).
@@ -94,7 +94,7 @@ def wait_policy(size: int) -> tuple[int, bool]:
 
 @register_transport("shm")
 class ShmTransport(Transport):
-    """The group's shared-memory segment (``segment``, a ``commlib._shm.Segment``) and the shared
+    """The group's shared-memory segment (``segment``, a ``commlib.transports._shm.Segment``) and the shared
     buffers of ``commlib.shared_empty`` (``share``): the peers' mappings live as long as the
     transport, until ``commlib.finalize``."""
 
@@ -216,7 +216,7 @@ class ShmTransport(Transport):
 
 
 def run_op(ctx, seg, op, name: str):
-    """Run ``op`` (a ``commlib._shm.ShmOp``) for an algorithm: to completion in C when the call
+    """Run ``op`` (a ``commlib.transports._shm.ShmOp``) for an algorithm: to completion in C when the call
     may block (returning no handles), else start it and return it as the handle the poll loop
     and ``Work`` test (it answers MPI's ``Test``/``Wait`` and torch's ``is_completed``/``wait``)."""
     if ctx.blocking:

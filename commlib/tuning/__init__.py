@@ -32,8 +32,7 @@ __all__ = ["select", "explain_call", "clear_cache", "widening", "Explanation", "
 
 log = logging.getLogger("commlib")
 
-_memo: dict[tuple, object] = {}
-_registry_version = -1
+_epoch = 0  # bumped by clear_cache: every group's memoized choices are made again
 
 
 _REDUCING = frozenset({"all_reduce", "reduce", "reduce_scatter"})
@@ -78,8 +77,8 @@ def select(collective: str, nbytes: int, group, algorithm: str | None, fn: str, 
     """The algorithm record (:class:`commlib.algorithms.Algorithm`) that runs ``collective`` of
     ``nbytes`` on ``group`` (of ``dtype`` and ``op``, for reductions: see :func:`widening`; on
     tensors of ``device`` type). Memoized per (collective, power-of-two size bucket, group,
-    widening) for CPU tensors, per exact call for others."""
-    global _registry_version
+    widening) for CPU tensors, per exact call for others, in the group's own table (a new group
+    never inherits a dead one's choices) and again after an algorithm is (un)registered."""
     if algorithm is not None:
         chosen = get_algorithm(collective, algorithm)
         if chosen is None:
@@ -87,19 +86,17 @@ def select(collective: str, nbytes: int, group, algorithm: str | None, fn: str, 
                             f"{collective} has no such algorithm",
                             f"use one of {algorithm_names(collective)} or None for automatic")
         return chosen
-    if _registry_version != _registry._version:  # an algorithm was (un)registered: choose again
-        _memo.clear()
-        _registry_version = _registry._version
     widen = widening(collective, dtype, group)
     if device == "cpu":
-        key = (collective, nbytes.bit_length(), id(group), widen)
+        key = (collective, nbytes.bit_length(), widen, _registry._version, _epoch)
     else:
-        key = (collective, nbytes, id(group), widen, device, dtype, op)
-    hit = _memo.get(key)
+        key = (collective, nbytes, widen, _registry._version, _epoch, device, dtype, op)
+    memo = group.resources.choices
+    hit = memo.get(key)
     if hit is None:
         call = Call(collective, nbytes, device, dtype, op)
         name, why, _ = _choose(call, group, widen)
-        hit = _memo[key] = get_algorithm(collective, name)
+        hit = memo[key] = get_algorithm(collective, name)
         log.info("%s of %d bytes on group %s: algorithm %s (%s)", collective, nbytes, group.name,
                  name, why)
     return hit
@@ -119,5 +116,8 @@ def explain_call(op: str, nbytes: int, group, dtype=None, device: str = "cpu",
 
 
 def clear_cache() -> None:
-    _memo.clear()
+    """Make every memoized choice again (after changing what selection reads: the tuning file,
+    a group's transports)."""
+    global _epoch
+    _epoch += 1
 

@@ -18,6 +18,7 @@ import sys
 
 from ..config import parse_bytes
 from ..errors import CommError
+from ..topology import load
 from .machine import plan_machine
 from .model import predict
 
@@ -79,8 +80,6 @@ def main(argv=None) -> int:
     system = args.topology
     try:
         if os.path.exists(system):
-            from ..topology import load
-
             system = load(system)
         plan = plan_machine(system, args.nodes, args.nics_per_host, args.nic_gbps)
     except CommError as exc:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import CommArgumentError, arg_error
-from ..topology import Topology, cluster, load_catalog
+from ..topology import PATH_TYPES, Topology, cluster, compose, load_catalog
 from .model import BASE_LATENCY_GPU, HOP_LATENCY_US, LinkCost, Table
 
 __all__ = ["MachinePlan", "plan_machine"]
@@ -74,8 +74,6 @@ def plan_machine(system: str | Topology, nodes: int = 1, nics_per_host: int | No
     if isinstance(system, str):
         many = cluster(system, nodes, nics_per_host, nic_gbps)
     else:
-        from ..topology import compose
-
         many = compose([one] * nodes, [f"host{i}" for i in range(nodes)], nics_per_host, nic_gbps)
     rails = len([n for n in many.nics if many.host_of(n) == 0])
     if rails == 0:
@@ -92,6 +90,4 @@ def plan_machine(system: str | Topology, nodes: int = 1, nics_per_host: int | No
 
 
 def _class_rank(path_class: str) -> int:
-    from ..topology import PATH_TYPES
-
     return PATH_TYPES.index(path_class) if path_class in PATH_TYPES else len(PATH_TYPES)

@@ -159,7 +159,8 @@ class Table:
     spans hosts, ``local`` ranks per host and ``inter``, the cost of a step between hosts: flat
     algorithms then pay ``inter`` on every step (a step ends with its slowest hop), while
     ``hierarchical`` pays each stage on its own class (the inter-host stage on ``shard_inter``).
-    ``base``: a fixed cost per collective (kernel launch, call overhead). ``curves``: measured
+    ``base``: a fixed cost per collective of the engine (NCCL's launch and base latency); the
+    transports' own algorithms pay their link's α instead. ``curves``: measured
     time curves per collective and algorithm (calibration measures the engine's ``native`` ones
     and the shared-memory ones: what no step formula describes well); a measured curve wins over
     the formula."""
@@ -213,12 +214,13 @@ def predict(collective: str, nbytes: int, p: int, table: Table,
     measured = table.curves.get(collective, {})
     algos = {r.name: r for r in records(collective)}
     formulas = {n: r for n, r in algos.items() if r.cost is not None}
-    engine_costs = {n: r.cost for n, r in formulas.items() if r.transport is None}
+    engine_costs = {n: r.cost for n, r in formulas.items() if r.prices_native}
     local = table.local
     two_level = table.inter is not None and local is not None and 1 < local < p and p % local == 0
     hier = {n: r for n, r in algos.items() if r.cost_two_level is not None} if two_level else {}
     if eligible is None:
-        names = set(engine_costs) | set(hier) | set(measured) | {"native"}
+        names = {n for n, r in formulas.items() if r.transport is None and "cpu" in r.devices}
+        names |= set(hier) | set(measured) | {"native"}
     else:
         names = set(eligible)
     out = []
@@ -227,7 +229,8 @@ def predict(collective: str, nbytes: int, p: int, table: Table,
             out.append(Prediction(name, measured[name](nbytes), "measured"))
         elif name in formulas:
             rec = formulas[name]
-            out.append(Prediction(name, table.base + rec.cost(p, nbytes, table.link_of(rec, p)),
+            base = table.base if rec.transport is None else 0.0  # the engine's fixed cost
+            out.append(Prediction(name, base + rec.cost(p, nbytes, table.link_of(rec, p)),
                                   "formula"))
         elif name in hier:
             shard = table.shard_inter or table.inter
@@ -237,10 +240,12 @@ def predict(collective: str, nbytes: int, p: int, table: Table,
         if "native" in measured:
             out.append(Prediction("native", measured["native"](nbytes), "measured"))
         else:
-            flat = [x for x in out if x.how == "formula" and x.algorithm in engine_costs]
+            # engines run one of the point-to-point algorithms: priced as the cheapest of them,
+            # eligible here or not (on CUDA tensors they are not offered, the engine runs them)
+            flat = [(table.base + fn(p, nbytes, link), name) for name, fn in engine_costs.items()]
             if flat:
-                cheapest = min(flat, key=lambda x: x.seconds)
-                out.append(Prediction("native", cheapest.seconds, f"formula ({cheapest.algorithm})"))
+                seconds, name = min(flat)
+                out.append(Prediction("native", seconds, f"formula ({name})"))
     # On a tie the engine's own collective wins: it is at least as good as the formula it equals.
     out = sorted([*out, *extra], key=lambda x: (x.seconds, x.algorithm != "native", x.algorithm))
 

@@ -1,4 +1,4 @@
-/* commlib._shm: the shared-memory collectives of ranks on one host (CPython extension). This file
+/* commlib.transports._shm: the shared-memory collectives of ranks on one host (CPython extension). This file
  * is the CPython glue: the ShmOp type (one collective: call, start, test, wait), the Segment type
  * (mapping a group's segment, creating operations, shared buffers, settings) and the module
  * functions and init.
@@ -45,7 +45,7 @@ static PyObject *ShmOp_test(ShmOp *op, PyObject *unused) {
     if (op->state == OP_DONE)
         Py_RETURN_TRUE;
     if (op->state == OP_NEW) {
-        PyErr_SetString(PyExc_RuntimeError, "commlib._shm: operation not started");
+        PyErr_SetString(PyExc_RuntimeError, "commlib.transports._shm: operation not started");
         return NULL;
     }
     Segment *g = op->seg;
@@ -67,7 +67,7 @@ static PyObject *ShmOp_test(ShmOp *op, PyObject *unused) {
 
 static PyObject *ShmOp_wait(ShmOp *op, PyObject *unused) {
     if (op->state == OP_NEW) {
-        PyErr_SetString(PyExc_RuntimeError, "commlib._shm: operation not started");
+        PyErr_SetString(PyExc_RuntimeError, "commlib.transports._shm: operation not started");
         return NULL;
     }
     if (op->state != OP_DONE && (check_usable(op->seg) < 0 || op_run(op) < 0))
@@ -94,7 +94,7 @@ static PyGetSetDef ShmOp_getset[] = {
 
 static PyTypeObject ShmOpType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "commlib._shm.ShmOp",
+    .tp_name = "commlib.transports._shm.ShmOp",
     .tp_basicsize = sizeof(ShmOp),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "One shared-memory collective on raw buffers (created by Segment.op).",
@@ -126,12 +126,12 @@ static int Segment_init(Segment *g, PyObject *args, PyObject *kw) {
                           &error_cls))
         return -1;
     if (n < 1 || n > CL_MAX_RANKS || rank < 0 || rank >= n) {
-        PyErr_Format(PyExc_ValueError, "commlib._shm: %d ranks (at most %d), rank %d", n,
+        PyErr_Format(PyExc_ValueError, "commlib.transports._shm: %d ranks (at most %d), rank %d", n,
                      CL_MAX_RANKS, rank);
         return -1;
     }
     if (slot < 4096 || slot % 4096) {
-        PyErr_Format(PyExc_ValueError, "commlib._shm: slot %zd must be a multiple of 4096", slot);
+        PyErr_Format(PyExc_ValueError, "commlib.transports._shm: slot %zd must be a multiple of 4096", slot);
         return -1;
     }
     size_t bytes = segment_bytes(n, (size_t)slot);
@@ -149,7 +149,7 @@ static int Segment_init(Segment *g, PyObject *args, PyObject *kw) {
     struct stat st;
     if (!create && (fstat(fd, &st) != 0 || (size_t)st.st_size != bytes)) {
         close(fd);
-        PyErr_Format(PyExc_OSError, "commlib._shm: segment %s has the wrong size", name);
+        PyErr_Format(PyExc_OSError, "commlib.transports._shm: segment %s has the wrong size", name);
         return -1;
     }
     void *base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -174,7 +174,7 @@ static int Segment_init(Segment *g, PyObject *args, PyObject *kw) {
     } else if (g->hdr->magic != CL_MAGIC || g->hdr->nranks != (uint64_t)n ||
                g->hdr->slot != (uint64_t)slot) {
         segment_unmap(g);
-        PyErr_Format(PyExc_OSError, "commlib._shm: segment %s does not match this group", name);
+        PyErr_Format(PyExc_OSError, "commlib.transports._shm: segment %s does not match this group", name);
         return -1;
     }
     g->hdr->pid[rank] = (int32_t)getpid();
@@ -248,11 +248,11 @@ static PyObject *Segment_op(Segment *g, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     if (v[0] < 0 || v[0] >= K_NKINDS || v[4] < 0 || v[4] >= CL_NDTYPES || v[5] < 0 ||
         v[5] > CL_BXOR || v[3] < 0 || v[7] < 0 || v[7] >= g->n) {
-        PyErr_SetString(PyExc_ValueError, "commlib._shm: bad operation arguments");
+        PyErr_SetString(PyExc_ValueError, "commlib.transports._shm: bad operation arguments");
         return NULL;
     }
     if (DTYPES[v[4]].floating && v[5] > CL_MAX) {
-        PyErr_SetString(PyExc_ValueError, "commlib._shm: bitwise op on a floating dtype");
+        PyErr_SetString(PyExc_ValueError, "commlib.transports._shm: bitwise op on a floating dtype");
         return NULL;
     }
     ShmOp *op = PyObject_New(ShmOp, &ShmOpType);
@@ -438,7 +438,7 @@ static PyGetSetDef Segment_getset[] = {
 
 static PyTypeObject SegmentType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "commlib._shm.Segment",
+    .tp_name = "commlib.transports._shm.Segment",
     .tp_basicsize = sizeof(Segment),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Segment(name, rank, size, slot, create, spin, group_name, error_cls): a group's "
@@ -472,7 +472,7 @@ static PyObject *mod_reduce(PyObject *m, PyObject *args) {
     Py_ssize_t ns = PyList_GET_SIZE(list);
     if (ns < 1 || ns > CL_MAX_RANKS || dtype < 0 || dtype >= CL_NDTYPES || op < 0 || op > CL_BXOR
         || count < 0 || (DTYPES[dtype].floating && op > CL_MAX)) {
-        PyErr_SetString(PyExc_ValueError, "commlib._shm.reduce: bad arguments");
+        PyErr_SetString(PyExc_ValueError, "commlib.transports._shm.reduce: bad arguments");
         return NULL;
     }
     char *srcs[CL_MAX_RANKS];
@@ -509,7 +509,7 @@ static PyObject *mod_cast(PyObject *m, PyObject *args) {
         for (Py_ssize_t i = 0; i < count; i++)
             f[i] = src == CL_F16 ? cl_f16_to_f32(h[i]) : cl_bf16_to_f32(h[i]);
     } else {
-        PyErr_SetString(PyExc_ValueError, "commlib._shm.cast: float32 <-> float16/bfloat16 only");
+        PyErr_SetString(PyExc_ValueError, "commlib.transports._shm.cast: float32 <-> float16/bfloat16 only");
         return NULL;
     }
     Py_RETURN_NONE;
@@ -535,7 +535,7 @@ static PyMethodDef module_methods[] = {
 };
 
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "commlib._shm",
+    PyModuleDef_HEAD_INIT, "commlib.transports._shm",
     "Shared-memory collectives of ranks on one host (see csrc/shm/).", -1, module_methods,
 };
 

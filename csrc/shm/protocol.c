@@ -1,4 +1,4 @@
-/* The segment layout and the protocol of commlib._shm: where each rank's flags and data are, the
+/* The segment layout and the protocol of commlib.transports._shm: where each rank's flags and data are, the
  * steps of every collective (write, publish, wait, read), the resumable operations that run them
  * (advance, progress, op_start, op_run) and the detection of dead peers. Part of the unity build
  * of module.c (see shm.h), so that a step's writes and the flag wake-ups (wait.h) inline into
@@ -383,7 +383,7 @@ static int op_start(ShmOp *op) {
     if (check_usable(g) < 0)
         return -1;
     if (op->state == OP_RUNNING) {
-        PyErr_SetString(PyExc_RuntimeError, "commlib._shm: operation already running");
+        PyErr_SetString(PyExc_RuntimeError, "commlib.transports._shm: operation already running");
         return -1;
     }
     if (g->fifo_len == g->fifo_cap) {

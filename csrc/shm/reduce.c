@@ -1,4 +1,4 @@
-/* The reductions of commlib._shm: one kernel per dtype (out = srcs[0] op srcs[1] op ..., in
+/* The reductions of commlib.transports._shm: one kernel per dtype (out = srcs[0] op srcs[1] op ..., in
  * blocks that stay in L1), the float16/bfloat16 SUM/AVG switch to the vectorized kernels of
  * reduce_simd.h (use_simd), and the dispatch table DTYPES (dtype code -> element size,
  * reduction). The per-element math is reduce_math.h, shared with the CUDA kernels. Part of the
@@ -91,7 +91,7 @@ DEFINE_FLOAT_REDUCE(reduce_f16_scalar, uint16_t, float, LD_F16, ST_F16, cl_minf,
 DEFINE_FLOAT_REDUCE(reduce_bf16_scalar, uint16_t, float, LD_BF16, ST_BF16, cl_minf, cl_maxf)
 
 /* 1: SUM/AVG of float16/bfloat16 take the vectorized kernels of reduce_simd.h (set at import
- * from the CPU's features; commlib._shm.simd() reads or changes it, for tests). */
+ * from the CPU's features; commlib.transports._shm.simd() reads or changes it, for tests). */
 static int use_simd;
 
 #ifdef CL_HAVE_SIMD

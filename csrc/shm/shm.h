@@ -1,4 +1,4 @@
-/* What the parts of commlib._shm share: the includes, the segment layout (header, flag lines,
+/* What the parts of commlib.transports._shm share: the includes, the segment layout (header, flag lines,
  * offsets), the Segment and ShmOp objects, and the declarations of what one part defines and
  * another uses. The layout and the protocol are described in protocol.c.
  *

@@ -8,7 +8,7 @@ from _harness import main
 from algorithms import close, counts, data, reference
 
 import commlib
-from commlib.algorithms.hierarchical import host_layout
+from commlib.algorithms.hierarchical import communicators
 
 HOSTS = sys.argv.pop(1).split(",")
 
@@ -21,10 +21,10 @@ def expected_hosts():
 
 
 def case_layout():
-    backend = commlib.get_world_group().backend
-    layout = host_layout(backend)
-    assert layout.hosts == expected_hosts(), (layout.hosts, HOSTS)
-    local, cross = layout.communicators(backend)
+    res = commlib.get_world_group().resources
+    layout = res.layout
+    assert [list(h) for h in layout.hosts] == expected_hosts(), (layout.hosts, HOSTS)
+    local, cross = communicators(res)
     me = commlib.get_rank()
     mine = [h for h in layout.hosts if me in h][0]
     assert local.size == len(mine) and local.rank == mine.index(me)

@@ -4,13 +4,13 @@ cost model): the job must end, not leave the other ranks waiting in that step.""
 from mpi4py import MPI
 
 import commlib
-from commlib import group as _group
+from commlib.runtime import resources as _resources
 
 if MPI.COMM_WORLD.Get_rank() == 1:
-    def _fail(group):
+    def _fail(engine):
         raise RuntimeError("injected failure while building the world group")
 
-    _group._attach_shm = _fail
+    _resources._facts = _fail
 
 commlib.init()
 commlib.all_reduce(__import__("torch").ones(4))

@@ -17,7 +17,7 @@ from algorithms import reference  # float64 / int64 reduction in rank order, rou
 from mpi4py import MPI
 
 import commlib
-from commlib.backends.shm import wait_policy
+from commlib.transports.shm import wait_policy
 
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 INTS = [torch.int8, torch.uint8, torch.int32, torch.int64]
@@ -202,8 +202,8 @@ def case_cuda_ipc_runtime_without_gpu():
     """The cuda_ipc runtime is collective: every rank constructs it over the world's engine. Its
     exchange returns every rank's record in rank order; without CUDA every rank reaches the same
     verdict (rank 0 has no CUDA device) and each call takes the fallback, logged once."""
-    from commlib.backends import cuda_ipc as ipc
-    from commlib.group import get_world_group
+    from commlib.transports import cuda_ipc as ipc
+    from commlib import get_world_group
 
     world = get_world_group()
     r, n = world.rank, world.size
@@ -261,7 +261,7 @@ def case_shared_buffers():
     assert ours_in_dev_shm() <= before
     assert (g.shm is not None) == (n > 1)
     if g.shm is not None:
-        assert len(g.backend.shm_peer_buffers) >= n - 1
+        assert len(g.resources.transports["shm"].peer_buffers) >= n - 1
     assert commlib.shared_empty(0).numel() == 0
     m = int(os.environ.get("COMMLIB_SHM_SLOT_BYTES", 1 << 20)) // 4 * 3 + 7  # several chunks
     for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.uint8):
