@@ -7,6 +7,9 @@ systems; ``compose`` joins hosts into a cluster. A :class:`Topology` answers ``p
 bottom layer: it imports nothing from the layers above it.
 """
 
+# Modules that register Topology's operations (model.register_operation) on import, imported here so
+# that its methods always find them; plan and formats (write_json) are imported below for their names.
+from . import diagnose, draw, json_format, matrix, nccl_xml  # noqa: F401
 from .catalog import catalog_dir, catalog_names, cluster, compose, load_catalog
 from .formats import FORMATS, load, load_graphs, loads, register_format
 from .gather import gather_topology

@@ -3,7 +3,7 @@ below their maximum, NICs far from GPUs, GPUs without P2P, and what the sources 
 
 from __future__ import annotations
 
-from .model import PATH_RANK, Diagnostic, Topology
+from .model import PATH_RANK, Diagnostic, Topology, register_operation
 
 
 def _speed(text) -> float:
@@ -13,6 +13,7 @@ def _speed(text) -> float:
         return 0.0
 
 
+@register_operation("diagnose")
 def diagnose(topo: Topology) -> list[Diagnostic]:
     out = list(topo.notes)
     g = topo.graph

@@ -7,7 +7,7 @@ from __future__ import annotations
 from xml.sax.saxutils import escape
 
 from ..errors import arg_error
-from .model import Topology, TopologyError
+from .model import Topology, TopologyError, register_operation
 
 COLORS = {"PCI": "#888888", "NVL": "#2e9d2e", "SYS": "#c0392b", "NET": "#1f5fbf", "C2C": "#8e44ad",
           "LOC": "#bbbbbb"}
@@ -92,7 +92,7 @@ def to_svg(topo: Topology, host: int | None = None) -> str:
 
 
 def to_png(topo: Topology, path: str, host: int | None = None) -> None:
-    try:
+    try:  # matplotlib is optional (the 'plot' extra), needed only for PNG: imported here, not at load
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
@@ -116,6 +116,7 @@ def to_png(topo: Topology, path: str, host: int | None = None) -> None:
     plt.close(fig)
 
 
+@register_operation("draw")
 def draw(topo: Topology, path: str, host: int | None = None) -> str:
     """Write the picture to ``path`` (``.svg`` or ``.png``); returns the path."""
     p = str(path)

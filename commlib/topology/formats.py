@@ -15,7 +15,10 @@ from typing import Callable
 import networkx as nx
 
 from ..errors import arg_error
-from .model import Diagnostic, Topology, TopologyError, TopologyFormatError
+from .matrix import read_matrix
+from .matrix import sniff as _sniff_matrix
+from .model import Diagnostic, Topology, TopologyError, TopologyFormatError, register_operation
+from .nccl_xml import read_graphs, read_topology
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,7 @@ def _is_json(text: str) -> bool:
     return _strip(text).startswith("{")
 
 
+@register_operation("write_json")
 def write_json(topo: Topology) -> str:
     data = nx.node_link_data(topo.graph, edges="links")
     return json.dumps({"commlib_topology": 1, "gpus": topo.gpus, "nics": topo.nics, "hosts": topo.hosts,
@@ -69,31 +73,16 @@ def read_json(text: str, path: str) -> Topology:
                     [Diagnostic(c, m) for c, m in data.get("notes", [])])
 
 
-def _read_xml(text, path):
-    from .nccl_xml import read_topology
-    return read_topology(text, path)
-
-
-def _read_matrix(text, path):
-    from .matrix import read_matrix
-    return read_matrix(text, path)
-
-
-def _sniff_matrix(text):
-    from .matrix import sniff
-    return sniff(text)
-
-
 def _read_graphs_as_topology(text, path):
     raise TopologyFormatError(path, None, "this is an NCCL graph file (NCCL_GRAPH_FILE: channels over GPU "
                               "indices), not a machine topology",
                               "read it with commlib.topology.load_graphs(path)")
 
 
-register_format("nccl-xml", _is_xml_system, _read_xml)
+register_format("nccl-xml", _is_xml_system, read_topology)
 register_format("nccl-graph", _is_xml_graphs, _read_graphs_as_topology)
 register_format("json", _is_json, read_json)
-register_format("nvidia-smi", _sniff_matrix, _read_matrix)
+register_format("nvidia-smi", _sniff_matrix, read_matrix)
 
 
 def _read_text(path, fn: str) -> str:
@@ -136,5 +125,4 @@ def loads(text: str, name: str = "<string>") -> Topology:
 
 def load_graphs(path):
     """Read an NCCL graph file (``<graphs>``): a list of :class:`NcclGraph`."""
-    from .nccl_xml import read_graphs
     return read_graphs(_read_text(path, "topology.load_graphs"), str(path))

@@ -13,6 +13,7 @@ import os
 from typing import Callable
 
 from ..errors import arg_error
+from .build import parse_cpulist
 from .catalog import compose
 from .formats import read_json, write_json
 from .host import host_hash, host_id
@@ -27,7 +28,6 @@ def rank_locality(topo: Topology | None = None) -> tuple[int, int, int]:
         first = min(os.sched_getaffinity(0))
     except (AttributeError, OSError, ValueError):
         first = 0
-    from .build import parse_cpulist
     base = "/sys/devices/system/node"
     try:
         for entry in sorted(os.listdir(base)):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 
 from .build import (GPU_TCLASS, NVS_TCLASS, Builder, cpulist_to_mask, mask_to_cpulist)
-from .model import Topology, TopologyFormatError
+from .model import Topology, TopologyFormatError, register_operation
 
 LEVELS = {"PIX": 1, "PXB": 2, "PHB": 3, "NODE": 4, "SYS": 5, "SOC": 5}
 TRAILING = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
@@ -276,6 +276,7 @@ def _infer_nvlink(gpus, nv):
     return sm, switched
 
 
+@register_operation("write_matrix")
 def write_matrix(topo: Topology, host: int = 0) -> str:
     """The ``nvidia-smi topo -m`` table for one host: NV# where GPUs share NVLinks, otherwise the
     PCIe path class (NODE kept where the source knows host bridges)."""

@@ -18,7 +18,7 @@ import functools
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable
 
 import networkx as nx
 
@@ -369,42 +369,60 @@ class Topology:
         return (f"<Topology {self.source!r}: {s['hosts']} host(s), {s['gpus']} GPU, {s['nics']} NIC, "
                 f"{s['nvlinks']} NVLink, {s['cpus']} CPU/NUMA, {s['pci']} PCI>")
 
-    # Plans, writers and drawing live in their own modules; bound here for convenience.
+    # Plans, writers and drawing live in their own modules, which register them in _OPERATIONS.
     def ring(self, **kw):
-        from .plan import plan_ring
-        return plan_ring(self, **kw).order
+        return _operation("plan_ring")(self, **kw).order
 
     def ring_plan(self, **kw):
-        from .plan import plan_ring
-        return plan_ring(self, **kw)
+        return _operation("plan_ring")(self, **kw)
 
     def trees(self, **kw):
-        from .plan import plan_trees
-        return plan_trees(self, **kw)
+        return _operation("plan_trees")(self, **kw)
 
     def hierarchy(self):
-        from .plan import hierarchy
-        return hierarchy(self)
+        return _operation("hierarchy")(self)
 
     def diagnose(self):
-        from .diagnose import diagnose
-        return diagnose(self)
+        return _operation("diagnose")(self)
 
     def to_nccl_xml(self, host: int = 0) -> str:
-        from .nccl_xml import write_xml
-        return write_xml(self, host)
+        return _operation("write_xml")(self, host)
 
     def to_matrix(self, host: int = 0) -> str:
-        from .matrix import write_matrix
-        return write_matrix(self, host)
+        return _operation("write_matrix")(self, host)
 
     def to_json(self) -> str:
-        from .json_format import write_json
-        return write_json(self)
+        return _operation("write_json")(self)
 
     def draw(self, path: str, host: int | None = None) -> str:
-        from .draw import draw
-        return draw(self, path, host)
+        return _operation("draw")(self, path, host)
+
+
+# --- operations bound to Topology ----------------------------------------------------------------
+# The modules below model (plan, diagnose, nccl_xml, matrix, formats, draw) define the plans, writers
+# and the picture; each registers its function here on import, so that model imports none of them.
+# commlib/topology/__init__.py imports every one, and importing any submodule runs it first.
+
+#: operation name -> function(topo, ...): plan_ring, plan_trees, hierarchy (plan.py), diagnose,
+#: write_xml (nccl_xml.py), write_matrix (matrix.py), write_json (formats.py), draw.
+_OPERATIONS: dict[str, Callable] = {}
+
+
+def register_operation(name: str):
+    """Decorator: bind ``fn`` to the :class:`Topology` methods that call operation ``name``."""
+    def deco(fn):
+        _OPERATIONS[name] = fn
+        return fn
+    return deco
+
+
+def _operation(name: str) -> Callable:
+    try:
+        return _OPERATIONS[name]
+    except KeyError:
+        raise TopologyError(f"commlib.topology: the Topology operation {name!r} is not registered (registered: "
+                            f"{sorted(_OPERATIONS)}). Fix: import commlib.topology, which imports the module "
+                            "that registers it") from None
 
 
 def _canon(g: nx.Graph):

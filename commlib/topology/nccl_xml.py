@@ -18,7 +18,7 @@ from xml.parsers import expat
 from xml.sax.saxutils import quoteattr
 
 from .build import CPU_TCLASS, GPU_TCLASS, NVS_TCLASS, Builder
-from .model import Topology, TopologyFormatError
+from .model import Topology, TopologyFormatError, register_operation
 
 #: (parent tag, child tag) pairs NCCL accepts. ``None`` is the document root.
 GRAMMAR = {
@@ -189,6 +189,7 @@ def _attrs(d: dict) -> str:
     return "".join(f" {k}={quoteattr(str(v))}" for k, v in d.items())
 
 
+@register_operation("write_xml")
 def write_xml(topo: Topology, host: int = 0) -> str:
     """NCCL topology XML for one host of ``topo``. PCIe host-bridge nodes (known to sysfs and
     nvidia-smi but not to NCCL) are flattened into their CPU; NVLinks and C2C are written as the

@@ -13,7 +13,7 @@ plus ``"p2p": {(i, j): status}`` (NVML_P2P_STATUS_*: 0 OK, 1 chipset, 2 GPU, 3 I
 from __future__ import annotations
 
 from .build import CPU_TCLASS, GPU_TCLASS, NVS_TCLASS, Builder, is_invisible_busid, norm_busid
-from .sources import SourceUnavailable, register_source
+from .source_registry import SourceUnavailable, register_source
 
 REMOTE_TCLASS = {0: GPU_TCLASS, 1: CPU_TCLASS, 2: NVS_TCLASS}  # NVML_NVLINK_DEVICE_TYPE_{GPU,IBMNPU,SWITCH}
 P2P_STATUS = {0: "OK", 1: "chipset not supported", 2: "GPU not supported", 3: "IOH topology not supported",
@@ -24,7 +24,7 @@ MAX_LINKS = 18
 
 
 def _query() -> dict:
-    try:
+    try:  # nvidia-ml-py is optional (the 'cuda' extra): imported when the source runs, not at load
         import pynvml
     except ImportError:
         raise SourceUnavailable("nvidia-ml-py is not installed (pip install 'commlib[cuda]')") from None

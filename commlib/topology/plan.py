@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from ..errors import arg_error
-from .model import PATH_RANK, Topology, TopologyError
+from .model import PATH_RANK, Topology, TopologyError, register_operation
 
 DEFAULT_BUDGET = 1 << 17
 EPS = 1e-9
@@ -163,6 +163,7 @@ def _check_budget(budget) -> int:
     return budget
 
 
+@register_operation("plan_ring")
 def plan_ring(topo: Topology, budget: int = DEFAULT_BUDGET) -> RingPlan:
     """The ring over all GPUs of ``topo`` that maximizes the bandwidth the ring sustains.
 
@@ -325,6 +326,7 @@ def double_tree(n: int) -> list[dict[int, tuple[int, list[int]]]]:
     return [t0, t1]
 
 
+@register_operation("plan_trees")
 def plan_trees(topo: Topology, budget: int = DEFAULT_BUDGET) -> DoubleTree:
     ring = plan_ring(topo, budget)
     hosts = sorted({topo.host_of(g) for g in topo.gpus})
@@ -362,6 +364,7 @@ def nvlink_domains(topo: Topology) -> list[list[str]]:
     return sorted(comps, key=lambda c: topo.gpus.index(c[0]))
 
 
+@register_operation("hierarchy")
 def hierarchy(topo: Topology) -> Hierarchy:
     index = {g: i for i, g in enumerate(topo.gpus)}
     hosts = sorted({topo.host_of(g) for g in topo.gpus})

@@ -11,45 +11,26 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
-from typing import Callable
 
 from ..errors import arg_error
 from .build import Builder
+from .formats import load
 from .host import host_id
 from .model import Topology, TopologyError
 
+# The registry lives in source_registry (re-exported here, its names' first home), so that the
+# source modules, which register on import (one module each), need not import this one.
+from .source_registry import DEFAULT_SOURCES, SOURCES, Source, SourceUnavailable, register_source  # noqa: F401
+from . import nvml as _nvml  # noqa: F401  (registers "nvml")
+from . import sysfs as _sysfs  # noqa: F401  (registers "sysfs")
+
 log = logging.getLogger("commlib")
-
-
-class SourceUnavailable(Exception):
-    """A source cannot run here; the message says why (no package, no driver, no sysfs)."""
-
-
-@dataclass(frozen=True)
-class Source:
-    name: str
-    contribute: Callable[[Builder], None]
-    doc: str
-
-
-SOURCES: dict[str, Source] = {}
-DEFAULT_SOURCES = ("sysfs", "nvml")
-
-
-def register_source(name: str, doc: str = ""):
-    def deco(fn):
-        SOURCES[name] = Source(name, fn, doc or (fn.__doc__ or "").strip().splitlines()[0])
-        return fn
-    return deco
 
 
 def discover(path=None, sources=None) -> Topology:
     """This host's topology: from ``path`` or ``COMMLIB_TOPO_FILE`` when given, else from the live
     sources (default: sysfs then NVML; each one that is unavailable is skipped and named in
     ``Topology.notes``). Raises when no source could run."""
-    from .formats import load
-
     path = path or os.environ.get("COMMLIB_TOPO_FILE") or None
     if path:
         topo = load(path)
@@ -79,7 +60,3 @@ def discover(path=None, sources=None) -> Topology:
     log.info("commlib topology: %r (skipped: %s)", topo, "; ".join(skipped) or "none")
     return topo
 
-
-# Sources register on import (one file each).
-from . import nvml as _nvml  # noqa: E402,F401
-from . import sysfs as _sysfs  # noqa: E402,F401

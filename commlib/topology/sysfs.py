@@ -15,7 +15,7 @@ import platform
 import re
 
 from .build import Builder, cpulist_to_mask, format_cpulist
-from .sources import SourceUnavailable, register_source
+from .source_registry import SourceUnavailable, register_source
 
 NVIDIA = "0x10de"
 

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, NamedTuple
 
-__all__ = ["Transport", "GroupFacts", "register_transport", "transports"]
+from .. import config
+
+__all__ = ["Transport", "GroupFacts", "register_transport", "transports", "refusal"]
 
 
 class GroupFacts(NamedTuple):
@@ -54,6 +56,18 @@ class Transport:
 
     def close(self) -> None:
         """Release what ``attach`` acquired (``commlib.finalize``)."""
+
+
+def refusal(engine, device: str, option: str) -> str | None:
+    """Why no transport for ``device`` memory can attach to a group on ``engine`` whatever the
+    facts (one rank, an engine that moves no such memory, switched off by ``option``), or None."""
+    if engine.size < 2:
+        return "one rank"
+    if device not in engine.devices:
+        return f"the {engine.name} engine moves no {device.upper()} memory"
+    if not config.get(option):
+        return f"COMMLIB_{option.upper()}=0"
+    return None
 
 
 _REGISTRY: dict[str, type[Transport]] = {}

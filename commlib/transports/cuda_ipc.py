@@ -48,11 +48,10 @@ from typing import Callable, NamedTuple
 import numpy as np
 import torch
 
-from .. import config
 from ..errors import CommBackendError, arg_error
 from ..ops import ReduceOp
 from ..topology.host import host_hash
-from .base import GroupFacts, Transport, register_transport
+from .base import GroupFacts, Transport, refusal, register_transport
 
 __all__ = ["MAX_RANKS", "MAX_BLOCKS", "Layout", "Decision", "layout", "decide", "launch_shape",
            "kernel_name", "load_module", "p2p_works", "PeerRecord", "pack_record",
@@ -528,12 +527,9 @@ class CudaIpcTransport(Transport):
         sees a CUDA device, the ranks share a host and :func:`check_group` passes; else why not.
         Decided from ``facts`` without communicating wherever it can be."""
         size = engine.size
-        if size < 2:
-            return "one rank"
-        if "cuda" not in engine.devices:
-            return f"the {engine.name} engine moves no CUDA memory"
-        if not config.get("cuda_ipc"):
-            return "COMMLIB_CUDA_IPC=0"
+        why = refusal(engine, "cuda", "cuda_ipc")
+        if why is not None:
+            return why
         if not all(facts.cuda_devices):
             return f"rank {facts.cuda_devices.index(0)} has no CUDA device (CUDA is absent there)"
         if not facts.one_host:

@@ -31,7 +31,7 @@ import torch
 from .. import config
 from ..errors import CommBackendError
 from ..ops import ReduceOp
-from .base import GroupFacts, Transport, register_transport
+from .base import GroupFacts, Transport, refusal, register_transport
 
 __all__ = ["available", "why_unavailable", "ShmTransport", "KIND", "DTYPE_CODES", "OP_CODES",
            "run_op", "wait_policy"]
@@ -111,12 +111,9 @@ class ShmTransport(Transport):
         """Collective over ``engine``: the group's segment, or why the group does not qualify
         (one rank, several hosts, disabled, extension missing, /dev/shm unusable)."""
         size = engine.size
-        if size < 2:
-            return "one rank"
-        if "cpu" not in engine.devices:
-            return f"the {engine.name} engine moves no CPU memory"
-        if not config.get("shm"):
-            return "COMMLIB_SHM=0"
+        why = refusal(engine, "cpu", "shm")
+        if why is not None:
+            return why
         limit = _ext.MAX_RANKS if _ext is not None else 64
         if size > limit:
             return f"{size} ranks, at most {limit}"
