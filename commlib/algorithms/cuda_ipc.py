@@ -13,6 +13,8 @@ and a flag handshake; ``β``: a peer read over NVLink per byte).
 
 from __future__ import annotations
 
+from ..kernels import finish_avg_
+from ..ops import ReduceOp
 from . import native
 from .registry import register_algorithm
 
@@ -36,12 +38,23 @@ def _reduces_natively(res, t) -> bool:
     return t.is_cuda and res.transports.get("cuda_ipc") is not None
 
 
+def _engine(ctx, buf):
+    """The engine's own all-reduce, for a CUDA call on a group with the transport that the kernels
+    cannot run (forced where the rule says no): the API left AVG to this algorithm
+    (``reduces_natively``), so it divides here."""
+    if ctx.op is not ReduceOp.AVG:
+        return native.all_reduce(ctx, buf)
+    ctx.backend.wait(native.all_reduce(ctx._replace(op=ReduceOp.SUM), buf))
+    finish_avg_(buf, ctx.size)
+    return []
+
+
 def _run(kind: str):
     def all_reduce(ctx, buf):
         ipc = ctx.res.transports.get("cuda_ipc") if ctx.res is not None else None
-        if ipc is None or not buf.is_cuda:  # forced where it cannot run: the engine's own
-            return native.all_reduce(ctx, buf)
-        return ipc.all_reduce(buf, ctx.op, kind, lambda: native.all_reduce(ctx, buf))
+        if ipc is None or not buf.is_cuda:  # forced where it cannot run: the engine's own (and
+            return native.all_reduce(ctx, buf)  # not reducing natively here: the API divides)
+        return ipc.all_reduce(buf, ctx.op, kind, lambda: _engine(ctx, buf))
 
     all_reduce.__name__ = all_reduce.__qualname__ = f"all_reduce_{kind}"
     return all_reduce
