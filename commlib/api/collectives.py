@@ -124,7 +124,8 @@ def _same(fn: str, arg: str, t: torch.Tensor, ref: torch.Tensor, ref_arg: str) -
 def _ctx(group: Group, what: str, op: ReduceOp | None, blocking: bool = False,
          _new=tuple.__new__) -> Ctx:
     """The algorithm's context for this call; raises first on a group that cannot run operations
-    any more (algorithms that finish in one step act when called, before the progress loop)."""
+    any more (every collective makes one before anything is posted: algorithms that finish in one
+    step act when called, before the progress loop)."""
     if group.broken is not None:
         unusable(group, what)
     return _new(Ctx, (group.backend, group.rank, group.size, group.seq % _TAG_SPACE, op,

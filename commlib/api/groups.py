@@ -23,6 +23,7 @@ from ..runtime import plans as _plans
 from ..runtime import watchdog as _watchdog
 from ..runtime.group import Group
 from ..runtime.group import state as _state
+from ..runtime.progress import unusable
 from ..topology import mesh_order
 from ..topology.gather import rank_locality
 
@@ -302,8 +303,7 @@ class Mesh:
         parent = resolve_group(group, "Mesh.from_topology")
         shape_t = (shape,) if isinstance(shape, int) else tuple(shape)
         if parent.broken is not None:
-            raise CommStateError(f"commlib.Mesh.from_topology: group {parent.name!r} is unusable: "
-                                 f"{parent.broken}.")
+            unusable(parent, "Mesh.from_topology")
         # through the engine directly, like the group's own facts (commlib/runtime/resources.py)
         rows = [tuple(row) for row in parent.backend.all_gather_ints(list(rank_locality(topology)))]
         if not shape_t or any(not isinstance(s, int) or s < 1 for s in shape_t) or \

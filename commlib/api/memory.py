@@ -85,7 +85,7 @@ def shared_empty(*size, dtype: torch.dtype | None = None, group: Group | None = 
                 f"every rank, at the same point")
     elif error is not None:
         raise error
-    raw = shm.share(g.backend, g.name, nbytes) if shm is not None and nbytes > 0 else None
+    raw = shm.share(nbytes) if shm is not None and nbytes > 0 else None
     if raw is None:
         return torch.empty(shape, dtype=dtype)
     return raw.view(dtype).view(shape)

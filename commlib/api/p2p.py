@@ -8,7 +8,7 @@ from typing import Callable, NamedTuple, Sequence
 
 from ..errors import CommTypeError, arg_error
 from ..runtime.group import Group
-from ..runtime.progress import Work, start
+from ..runtime.progress import Work, start, unusable
 from ..runtime.tensors import as_tensor, work_view
 from .collectives import root_rank
 from .groups import resolve_group
@@ -51,6 +51,8 @@ def _p2p(group, what, t, peer, tag):
 
 def _post_p2p(fn: str, what: str, tensor, peer, group, tag, group_peer, async_op: bool):
     g = resolve_group(group, fn)
+    if g.broken is not None:  # before anything is posted to the engine
+        unusable(g, fn)
     t = as_tensor(tensor, fn, "tensor", writable=(what == "recv"))
     arg = "dst" if what == "send" else "src"
     p = _peer(fn, g, arg, peer, group_peer, allow_any=(what == "recv"))

@@ -66,14 +66,19 @@ class Backend:
                 mine = sub
         return mine
 
-    def all_gather_ints(self, values: list[int]) -> list[list[int]]:
-        """Collective: every rank's ``values`` (the same count on every rank), blocking; for
-        bootstrapping (group facts, transports) rather than for data."""
+    def all_gather_rows(self, row: torch.Tensor) -> torch.Tensor:
+        """Collective, blocking: every rank's 1-D CPU tensor ``row`` (the same length and dtype on
+        every rank) as the rows of a CPU tensor, rank order; through host memory where the engine
+        moves it, else CUDA. For bootstrapping (group facts, transports), not for data."""
         device = "cpu" if "cpu" in self.devices else "cuda"
-        inp = torch.tensor(values, dtype=torch.int64, device=device)
-        out = torch.empty(self.size * len(values), dtype=torch.int64, device=device)
+        inp = row.to(device)
+        out = torch.empty(self.size * row.numel(), dtype=row.dtype, device=device)
         self.wait([self.all_gather(out, inp, True)])
-        return out.cpu().view(self.size, len(values)).tolist()
+        return out.cpu().view(self.size, row.numel())
+
+    def all_gather_ints(self, values: list[int]) -> list[list[int]]:
+        """Collective: every rank's ``values`` (the same count on every rank), blocking."""
+        return self.all_gather_rows(torch.tensor(values, dtype=torch.int64)).tolist()
 
     def global_ranks(self) -> list[int]:
         """World rank of each rank of this communicator."""

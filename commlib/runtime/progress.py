@@ -212,9 +212,8 @@ def start(gen: Generator, finish, keep, group, what: str, seq: int, async_op: bo
     list of its handles; ``finish`` (or None) runs after the last step and its return value is the
     operation's result. ``keep`` holds every buffer the engine uses (the caller's tensors and
     commlib's temporaries): engines do not keep them alive, so the operation must until it ends.
+    The caller has checked that the group is usable (:func:`unusable`) before posting anything.
     """
-    if group.broken is not None:
-        unusable(group, what)
     if async_op:
         work = Work(gen, finish, keep, group, what, seq, group.timeout)
         if not work._done:

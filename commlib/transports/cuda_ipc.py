@@ -223,13 +223,8 @@ def unpack_record(data: bytes) -> PeerRecord:
 def engine_exchange(backend) -> Callable[[bytes], list[bytes]]:
     """``exchange(payload) -> [payload of rank 0, ..., rank n-1]`` through ``backend``'s native
     all-gather (payloads of equal length; host tensors where the engine takes them, else CUDA)."""
-    device = "cpu" if "cpu" in backend.devices else "cuda"
-
     def exchange(payload: bytes) -> list[bytes]:
-        inp = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
-        out = torch.empty(backend.size * len(payload), dtype=torch.uint8, device=device)
-        backend.wait([backend.all_gather(out, inp, True)])
-        rows = out.cpu().view(backend.size, len(payload))
+        rows = backend.all_gather_rows(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
         return [bytes(row.tolist()) for row in rows]
 
     return exchange
@@ -513,7 +508,6 @@ class CudaIpcTransport(Transport):
     def __init__(self, check: GroupCheck, world_size: int, runtime: CudaIpcAllReduce | None = None,
                  max_bytes: int = DEFAULT_MAX_BYTES):
         self.check, self.world_size, self.runtime = check, world_size, runtime
-        self.planner = Planner(world_size, check, max_bytes)
         self.max_bytes = max_bytes
 
     @property

@@ -98,8 +98,8 @@ class ShmTransport(Transport):
     buffers of ``commlib.shared_empty`` (``share``): the peers' mappings live as long as the
     transport, until ``commlib.finalize``."""
 
-    def __init__(self, segment):
-        self.segment = segment
+    def __init__(self, segment, engine, group_name: str):
+        self.segment, self.engine, self.group_name = segment, engine, group_name
         self.peer_buffers: list[torch.Tensor] = []
 
     @property
@@ -156,13 +156,13 @@ class ShmTransport(Transport):
             seg.nt_min = stream
         log.info("group %s: shared-memory segment of %d bytes (%d ranks x 2 x %d), spin %d, then %s",
                  group_name, seg.nbytes, size, slot, spin, "sleep" if sleep else "yield")
-        return cls(seg)
+        return cls(seg, engine, group_name)
 
     def close(self) -> None:
         self.segment.close()
         self.peer_buffers = []
 
-    def share(self, engine, group_name: str, nbytes: int) -> torch.Tensor | None:
+    def share(self, nbytes: int) -> torch.Tensor | None:
         """Collective over the group (every rank, the same ``nbytes``, in the same order): a
         uint8 tensor of ``nbytes`` in a shared-memory file of this rank that every rank of the
         group maps, registered with the segment (``Segment.share``) so that collectives read it
@@ -173,7 +173,7 @@ class ShmTransport(Transport):
         name, as for the segment: nothing stays in /dev/shm, and the memory lives as long as a
         mapping. The peers' mappings live as long as the transport: a buffer's memory returns to
         the system when the group goes, not when its tensor does."""
-        seg = self.segment
+        seg, engine, group_name = self.segment, self.engine, self.group_name
         if seg.closed:
             return None
         size = max(mmap.PAGESIZE, -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE)
@@ -187,9 +187,7 @@ class ShmTransport(Transport):
         raw = torch.zeros(96, dtype=torch.uint8)
         if mine is not None:
             raw[:len(name)] = torch.frombuffer(bytearray(name.encode()), dtype=torch.uint8)
-        names = torch.empty(engine.size * 96, dtype=torch.uint8)
-        engine.wait([engine.all_gather(names, raw, True)])
-        paths = [bytes(row.tolist()).rstrip(b"\0").decode() for row in names.view(engine.size, 96)]
+        paths = [bytes(row.tolist()).rstrip(b"\0").decode() for row in engine.all_gather_rows(raw)]
         views = [None] * engine.size
         if all(paths):
             for j, path in enumerate(paths):
