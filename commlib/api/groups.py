@@ -23,6 +23,7 @@ from ..runtime import plans as _plans
 from ..runtime import watchdog as _watchdog
 from ..runtime.group import Group
 from ..runtime.group import state as _state
+from ..runtime import progress
 from ..runtime.progress import unusable
 from ..topology import mesh_order
 from ..topology.gather import rank_locality
@@ -139,6 +140,7 @@ def finalize() -> None:
     """Release every group commlib created. ``init()`` may be called again afterwards."""
     if _state.world is None:
         return
+    progress.shutdown()  # no thread touches an engine while the groups go
     for group in reversed(_state.groups):
         # A Group object the user still holds must raise CommStateError, not reach a freed
         # communicator.

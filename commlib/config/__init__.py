@@ -41,6 +41,20 @@ def _parse_timeout_mode(text: str) -> str:
     return mode
 
 
+def _parse_progress(text: str) -> str:
+    mode = text.strip().lower()
+    if mode not in ("thread", "wait"):
+        raise ValueError("expected 'thread' or 'wait'")
+    return mode
+
+
+def _parse_positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise ValueError("must be a whole number > 0")
+    return value
+
+
 def _parse_level(text: str) -> str:
     level = text.strip().upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -192,6 +206,17 @@ OPTIONS: dict[str, Option] = {
                "into it with streaming (non-temporal) stores, which skip reading the "
                "destination first: faster once the output is too large for the caches, slower "
                "below. Default: 16 MiB (docs/shm.md); a huge value (`1G`) turns them off."),
+        Option("progress", "thread", _parse_progress,
+               "How asynchronous operations (`async_op=True`) advance while the caller computes. "
+               "`thread` (default): a progress thread advances them, sleeping in the engine or "
+               "between passes, never spinning (docs/overlap.md). `wait`: only inside "
+               "`Work.wait()`, `Work.is_completed()` and other commlib calls."),
+        Option("progress_min_us", 50, _parse_positive_int,
+               "The progress thread's first pause, in microseconds, after a pass that completed "
+               "nothing; it doubles up to `COMMLIB_PROGRESS_MAX_US` while nothing completes."),
+        Option("progress_max_us", 1000, _parse_positive_int,
+               "The progress thread's longest pause between passes, in microseconds: how long "
+               "MPI may go without a progress call while the caller computes."),
         Option("shm_spin", None, _parse_optional_int,
                "Polls a rank waiting on shared memory spins before it yields its core. Default: "
                "2000 (about 50 us), or 50 when the group's ranks outnumber the cores."),

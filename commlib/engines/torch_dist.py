@@ -179,6 +179,13 @@ class _P2P:
         if self.error is not None:
             raise self.error
 
+    def wait_for(self, seconds: float) -> bool:
+        """Block up to ``seconds`` until done, on the waiter's event (commlib's progress thread
+        waits here instead of polling); True when done."""
+        if self.event is None:
+            return False  # not handed to a waiter yet: test() does that
+        return self.event.wait(seconds)
+
     def source(self) -> int:
         return _source_rank(self.work)
 

@@ -1,14 +1,33 @@
-"""Driving operations to completion: ``Work``, the poll loop and the timeout.
+"""Driving operations to completion: ``Work``, the poll loop, the timeout, the progress thread.
 
 Every operation is a generator that yields lists of backend handles and finishes its local work
-(copy-back, AVG division) after the last one. One loop, :func:`drive`, completes them all:
+(copy-back, AVG division) after the last one. Two things advance them:
 
-* it polls ``backend.test``, with a ``sched_yield`` every few polls (a pure spin starves the other
-  ranks when they outnumber the cores), checking the deadline every 64 polls, so a stuck operation
+* :func:`drive`, in the caller's thread, completes a blocking call or ``Work.wait()``: it polls
+  ``backend.test``, with a ``sched_yield`` every few polls (a pure spin starves the other ranks
+  when they outnumber the cores), checking the deadline every 64 polls, so a stuck operation
   becomes ``CommTimeoutError`` naming the op, the group and its sequence number; with no timeout
-  and nothing else pending it blocks in the engine instead;
-* while one operation waits, every other pending asynchronous operation is advanced too, so ranks
-  that wait on asynchronous multi-step operations in different orders cannot deadlock.
+  and nothing else pending it blocks in the engine instead. While one operation waits, every
+  other pending asynchronous operation is advanced too, so ranks that wait on asynchronous
+  multi-step operations in different orders cannot deadlock.
+* the **progress thread** (:class:`_Progress`, one per process, started with the first
+  asynchronous operation; ``COMMLIB_PROGRESS=thread``, the default) advances pending ``Work``s
+  while the caller's thread computes, so that communication issued with ``async_op=True``
+  overlaps compute. It never spins: when a pass over the pending works completes nothing, it
+  blocks in the engine where the engine can wait without spinning (a shared-memory step sleeps
+  in a futex until the lagging peer publishes; a gloo transfer waits on its waiter thread's
+  event), and otherwise sleeps between passes, from ``COMMLIB_PROGRESS_MIN_US`` doubling to
+  ``COMMLIB_PROGRESS_MAX_US`` while nothing completes (MPI: MPICH moves data only inside its
+  calls, and its own asynchronous-progress thread spins a core). docs/overlap.md has the
+  measurements behind this choice. The thread holds the GIL only while it tests handles and
+  runs an operation's next step; torch compute releases the GIL.
+
+Each ``Work`` has a lock: whichever thread advances it holds it (the caller's ``wait`` blocks on
+it, the progress thread only tries it), so one generator never runs in two threads. Engines are
+used from both threads: MPI runs at ``MPI_THREAD_MULTIPLE``, torch's process groups are thread
+safe, and the shared-memory segment serialises its own progress (csrc/shm: the segment lock). A
+failure met by the progress thread is stored in the ``Work`` and raised, the same typed error,
+by ``wait()`` and ``is_completed()``.
 
 Blocking calls run the generator directly, without allocating a ``Work``: this path is the
 latency of every small collective.
@@ -16,13 +35,18 @@ latency of every small collective.
 
 from __future__ import annotations
 
+import atexit
 import os
+import threading
 import time
 from typing import Generator
 
+import torch
+
+from .. import config
 from ..errors import CommStateError, CommTimeoutError
 
-__all__ = ["Work", "completed_work", "drive", "start", "unusable"]
+__all__ = ["Work", "completed_work", "drive", "shutdown", "start", "unusable"]
 
 _yield = os.sched_yield if hasattr(os, "sched_yield") else (lambda: time.sleep(0))
 _clock = time.monotonic
@@ -73,7 +97,7 @@ def drive(gen, handles, group, what: str, seq: int, limit: float | None, me=None
             if _PENDING:
                 for other in tuple(_PENDING):
                     if other is not me:
-                        other._poll()
+                        other._advance()
             if polls & 3:
                 continue  # poll again at once: a handoff between ranks takes under a microsecond
             if polls & 63 == 0 and limit is not None:
@@ -104,7 +128,7 @@ class Work:
     """Handle of an operation, as returned with ``async_op=True`` (torch.distributed's ``Work``)."""
 
     __slots__ = ("_gen", "_fin", "_keep", "_handles", "_group", "_what", "_seq", "_done",
-                 "_result", "_timeout")
+                 "_result", "_timeout", "_lock", "_error", "_steps")
 
     def __init__(self, gen: Generator, finish, keep, group, what: str, seq: int,
                  timeout: float | None):
@@ -115,6 +139,9 @@ class Work:
         self._timeout = timeout
         self._done = False
         self._result = None
+        self._error: BaseException | None = None
+        self._steps = 0  # steps completed: the progress thread's measure of progress
+        self._lock = threading.Lock()  # held by the thread advancing it
         try:
             self._handles = next(gen)  # post the first step now
         except StopIteration as done:
@@ -132,38 +159,70 @@ class Work:
             pass
 
     def _poll(self) -> bool:
-        """Advance as far as possible without blocking; True when done."""
+        """Advance as far as possible without blocking; True when done. The caller holds the
+        lock. A failure is stored (``_error``) and raised."""
         if self._done:
             return True
         backend = self._group.backend
         try:
             while backend.test(self._handles):
+                self._steps += 1
                 self._handles = next(self._gen)
         except StopIteration as done:
             self._finish(done.value)
-        except BaseException:
+        except BaseException as exc:
+            self._error = exc
             self._finish(None, failed=True)
             raise
         return self._done
 
+    def _advance(self) -> None:
+        """Advance if no other thread is doing so; a failure stays in the Work for ``wait``."""
+        if self._done or not self._lock.acquire(False):
+            return
+        try:
+            self._poll()
+        except BaseException:  # noqa: BLE001 - stored in _error, raised by wait/is_completed
+            pass
+        finally:
+            self._lock.release()
+
+    def _raise(self) -> bool:
+        if self._error is not None:
+            raise self._error
+        return True
+
     def is_completed(self) -> bool:
-        """True once the operation has finished (and its output is ready); never blocks."""
-        return self._poll()
+        """True once the operation has finished (and its output is ready); never blocks (beyond
+        the moment the progress thread may hold it). Raises the operation's error, if it failed."""
+        if self._done:
+            return self._raise()
+        with self._lock:
+            done = self._poll()
+        return done
+
+    def exception(self) -> BaseException | None:
+        """The error the operation failed with (as ``wait`` raises it), or None."""
+        return self._error
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the operation completes; ``timeout`` in seconds or a ``timedelta``
         (default: the group's ``COMMLIB_TIMEOUT``). Raises ``CommTimeoutError`` when it
-        expires. Returns True."""
+        expires, or the error the operation failed with. Returns True."""
         if self._done:
-            return True
+            return self._raise()
         limit = self._timeout if timeout is None else _seconds(timeout)
-        try:
-            result = drive(self._gen, self._handles, self._group, self._what, self._seq, limit,
-                            me=self)
-        except BaseException:
-            self._finish(None, failed=True)
-            raise
-        self._finish(result)
+        with self._lock:  # the progress thread keeps off while this thread drives it
+            if self._done:
+                return self._raise()
+            try:
+                result = drive(self._gen, self._handles, self._group, self._what, self._seq,
+                               limit, me=self)
+            except BaseException as exc:
+                self._error = exc
+                self._finish(None, failed=True)
+                raise
+            self._finish(result)
         return True
 
     def result(self):
@@ -172,7 +231,7 @@ class Work:
         return self._result
 
     def __repr__(self) -> str:
-        state = "completed" if self._done else "pending"
+        state = ("failed" if self._error is not None else "completed") if self._done else "pending"
         return f"<commlib.Work {self._what} #{self._seq} on {self._group.name!r} ({state})>"
 
 
@@ -183,6 +242,7 @@ class _Completed(Work):
 
     def __init__(self, result=None):
         self._done, self._result, self._handles, self._fin, self._keep = True, result, None, None, None
+        self._error = None
 
     def __repr__(self) -> str:
         return "<commlib.Work (completed)>"
@@ -218,6 +278,8 @@ def start(gen: Generator, finish, keep, group, what: str, seq: int, async_op: bo
         work = Work(gen, finish, keep, group, what, seq, group.timeout)
         if not work._done:
             _PENDING.append(work)
+            if _PROGRESS.on:
+                _PROGRESS.kick()
         return work
     if type(gen) is list:
         handles, gen = gen, None
@@ -232,3 +294,87 @@ def start(gen: Generator, finish, keep, group, what: str, seq: int, async_op: bo
         _ABANDONED.append(keep)
         raise
     return finish() if finish is not None else value
+
+
+def _idle(work: Work, seconds: float) -> None:
+    """Wait up to ``seconds`` for ``work`` to make progress without spinning: in the engine where
+    its handle can wait that way (``wait_for``: a shared-memory step sleeps until the lagging peer
+    publishes, a gloo transfer on its waiter's event), else asleep (an MPI request, whose data
+    moves only inside MPI calls). An error met here is raised again by the next poll, which
+    stores it in the Work."""
+    try:
+        for h in work._handles or ():
+            wait_for = getattr(h, "wait_for", None)
+            if wait_for is None:
+                break
+            if not wait_for(seconds):
+                return
+        else:
+            return  # every handle can wait and is done: the next pass advances the work
+    except BaseException:  # noqa: BLE001 - the next poll raises it where it is stored
+        return
+    time.sleep(seconds)
+
+
+class _Progress:
+    """The progress thread: advances pending ``Work``s while the caller's thread computes (see the
+    module docstring). Started by the first asynchronous operation, stopped by ``finalize``."""
+
+    def __init__(self):
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stop = False
+        self.on = config.get("progress") == "thread"
+
+    def kick(self) -> None:
+        if self._thread is None:
+            self._stop = False
+            self._thread = threading.Thread(target=self._run, name="commlib-progress", daemon=True)
+            self._thread.start()
+        self._wake.set()
+
+    def _run(self) -> None:
+        torch.set_grad_enabled(False)  # communication is not differentiated (and per thread)
+        lo = config.get("progress_min_us") * 1e-6
+        hi = max(lo, config.get("progress_max_us") * 1e-6)
+        interval = lo
+        while not self._stop:
+            pending = tuple(_PENDING)
+            if not pending:
+                self._wake.wait()
+                self._wake.clear()
+                interval = lo
+                continue
+            steps = sum(w._steps for w in pending)
+            for w in pending:
+                w._advance()
+            if any(w._done for w in pending) or sum(w._steps for w in pending) != steps:
+                interval = lo
+                continue
+            _idle(pending[0], interval)
+            interval = min(2 * interval, hi)
+
+    def stop(self) -> None:
+        thread = self._thread
+        if thread is not None:
+            self._stop = True
+            self._wake.set()
+            thread.join(timeout=5)
+            self._thread = None
+        self.on = config.get("progress") == "thread"
+
+
+_PROGRESS = _Progress()
+
+
+def shutdown() -> None:
+    """Stop the progress thread (``commlib.finalize``, and at exit, before the engines finalize);
+    operations nobody waited for are abandoned with their buffers. The next asynchronous
+    operation starts it again."""
+    _PROGRESS.stop()
+    for work in tuple(_PENDING):
+        _ABANDONED.append((work._gen, work._handles, work._keep))
+    _PENDING.clear()
+
+
+atexit.register(_PROGRESS.stop)

@@ -51,7 +51,11 @@ static PyObject *ShmOp_test(ShmOp *op, PyObject *unused) {
     Segment *g = op->seg;
     if (check_usable(g) < 0)
         return NULL;
-    if (progress(op)) {
+    if (!lock_try(&g->lock))
+        Py_RETURN_FALSE; /* another thread is advancing the segment right now */
+    int done = progress(op);
+    lock_drop(&g->lock);
+    if (done) {
         sweep(g);
         Py_RETURN_TRUE;
     }
@@ -75,6 +79,47 @@ static PyObject *ShmOp_wait(ShmOp *op, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+/* wait_for(seconds): advance; if not done, sleep (futex, the GIL released) until the lagging
+ * peer publishes a step or `seconds` pass, without spinning. True when done. For commlib's
+ * progress thread, which must not take a core from the caller's compute. */
+static PyObject *ShmOp_wait_for(ShmOp *op, PyObject *arg) {
+    double seconds = PyFloat_AsDouble(arg);
+    if (seconds == -1.0 && PyErr_Occurred())
+        return NULL;
+    if (op->state == OP_DONE)
+        Py_RETURN_TRUE;
+    if (op->state == OP_NEW) {
+        PyErr_SetString(PyExc_RuntimeError, "commlib.transports._shm: operation not started");
+        return NULL;
+    }
+    Segment *g = op->seg;
+    if (check_usable(g) < 0)
+        return NULL;
+    long ns = seconds <= 0 ? 0 : seconds >= 0.5 ? 500000000L : (long)(seconds * 1e9);
+    if (!lock_try(&g->lock)) { /* another thread is advancing the segment: let it */
+        Py_BEGIN_ALLOW_THREADS
+        struct timespec ts = {0, ns < 100000 ? ns : 100000};
+        nanosleep(&ts, NULL);
+        Py_END_ALLOW_THREADS
+        Py_RETURN_FALSE;
+    }
+    int done = progress(op);
+    lock_drop(&g->lock);
+    if (done) {
+        sweep(g);
+        Py_RETURN_TRUE;
+    }
+    int dead = dead_peer(g, (uint64_t)(op->s0 + op->cur));
+    if (dead >= 0) {
+        fail_dead(op, dead);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    wait_for_peers(g, ns);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_FALSE;
+}
+
 static PyObject *ShmOp_steps(ShmOp *op, void *unused) { return PyLong_FromLongLong(op->total); }
 
 static PyMethodDef ShmOp_methods[] = {
@@ -83,6 +128,8 @@ static PyMethodDef ShmOp_methods[] = {
     {"Test", (PyCFunction)ShmOp_test, METH_NOARGS, "MPI-style alias of test()."},
     {"is_completed", (PyCFunction)ShmOp_test, METH_NOARGS, "torch-style alias of test()."},
     {"wait", (PyCFunction)ShmOp_wait, METH_NOARGS, "Block until done."},
+    {"wait_for", (PyCFunction)ShmOp_wait_for, METH_O,
+     "wait_for(seconds): advance, else sleep until a peer publishes (at most seconds); True when done."},
     {"Wait", (PyCFunction)ShmOp_wait, METH_NOARGS, "MPI-style alias of wait()."},
     {NULL, NULL, 0, NULL},
 };

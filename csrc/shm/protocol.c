@@ -270,7 +270,8 @@ static int advance(ShmOp *op) {
     return 1;
 }
 
-/* Progress the segment's FIFO up to `op`; 1 when `op` is done. No Python API. */
+/* Progress the segment's FIFO up to `op`; 1 when `op` is done. No Python API. The caller holds
+ * the segment lock (locked_progress, or ShmOp.test's try). */
 static int progress(ShmOp *op) {
     Segment *g = op->seg;
     while (g->fifo_head < g->fifo_len) {
@@ -286,23 +287,32 @@ static int progress(ShmOp *op) {
     return op->state == OP_DONE;
 }
 
+/* Progress under the segment lock (blocking: the lock is held only for moments). */
+static int locked_progress(ShmOp *op) {
+    lock_take(&op->seg->lock);
+    int done = progress(op);
+    lock_drop(&op->seg->lock);
+    return done;
+}
+
 /* Drop the references of finished operations (needs the GIL). */
 static void sweep(Segment *g) {
     if (g->fifo_head == 0)
         return;
-    Py_ssize_t head = g->fifo_head, len = g->fifo_len;
-    ShmOp **done = g->fifo;
-    Py_ssize_t k = 0;
     ShmOp *tmp[64];
-    /* move the live tail to the front first: a DECREF may run arbitrary code */
-    Py_ssize_t ndone = head;
-    ShmOp **dead = ndone <= 64 ? tmp : PyMem_Malloc(sizeof(ShmOp *) * (size_t)ndone);
-    if (dead == NULL)
-        return;
-    memcpy(dead, done, sizeof(ShmOp *) * (size_t)ndone);
-    for (Py_ssize_t i = head; i < len; i++) g->fifo[k++] = g->fifo[i];
+    ShmOp **dead = tmp;
+    lock_take(&g->lock);
+    /* move the live tail to the front first, under the lock; DECREF after (it may run code) */
+    Py_ssize_t ndone = g->fifo_head, len = g->fifo_len, k = 0;
+    if (ndone > 64 && (dead = PyMem_Malloc(sizeof(ShmOp *) * (size_t)ndone)) == NULL) {
+        lock_drop(&g->lock);
+        return; /* retried by the next sweep */
+    }
+    memcpy(dead, g->fifo, sizeof(ShmOp *) * (size_t)ndone);
+    for (Py_ssize_t i = ndone; i < len; i++) g->fifo[k++] = g->fifo[i];
     g->fifo_head = 0;
     g->fifo_len = k;
+    lock_drop(&g->lock);
     for (Py_ssize_t i = 0; i < ndone; i++) Py_DECREF(dead[i]);
     if (dead != tmp)
         PyMem_Free(dead);
@@ -386,10 +396,12 @@ static int op_start(ShmOp *op) {
         PyErr_SetString(PyExc_RuntimeError, "commlib.transports._shm: operation already running");
         return -1;
     }
+    lock_take(&g->lock);
     if (g->fifo_len == g->fifo_cap) {
         Py_ssize_t cap = g->fifo_cap ? g->fifo_cap * 2 : 16;
         ShmOp **f = PyMem_Realloc(g->fifo, sizeof(ShmOp *) * (size_t)cap);
         if (f == NULL) {
+            lock_drop(&g->lock);
             PyErr_NoMemory();
             return -1;
         }
@@ -406,27 +418,43 @@ static int op_start(ShmOp *op) {
         Py_INCREF(op);
         g->fifo[g->fifo_len++] = op;
     }
+    lock_drop(&g->lock);
     return 0;
 }
 
-/* Sleep on the first peer flag behind the step this rank is in (done_step + 1); when the
- * running operation has read every step, on the read counter of the first peer still reading
- * this rank's shared buffer. */
-static void wait_for_peers(Segment *g) {
+/* What to sleep on (under the segment lock): the first peer flag behind the step this rank is in
+ * (done_step + 1); when the running operation has read every step, the read counter of the first
+ * peer still reading this rank's shared buffer. 0 when nothing is behind. */
+typedef struct { _Atomic uint64_t *word; _Atomic uint32_t *waiters; uint64_t need; } sleep_on;
+
+static int lagging_flag(Segment *g, sleep_on *t) {
+    lock_take(&g->lock);
     ShmOp *op = g->fifo_head < g->fifo_len ? g->fifo[g->fifo_head] : NULL;
+    int found = 0;
     if (op != NULL && op->cur == op->total) {
         int j = lagging_reader(g, (uint64_t)g->done_step);
-        if (j >= 0)
-            word_sleep(&g->flags[j].read_step, &g->flags[j].ack_waiters, (uint64_t)g->done_step);
-        return;
-    }
-    uint64_t need = (uint64_t)(g->done_step + 1);
-    for (int j = 0; j < g->n; j++) {
-        if (atomic_load_explicit(&g->flags[j].step, memory_order_acquire) < need) {
-            word_sleep(&g->flags[j].step, &g->flags[j].waiters, need);
-            return;
+        if (j >= 0) {
+            *t = (sleep_on){&g->flags[j].read_step, &g->flags[j].ack_waiters, (uint64_t)g->done_step};
+            found = 1;
+        }
+    } else {
+        uint64_t need = (uint64_t)(g->done_step + 1);
+        for (int j = 0; j < g->n && !found; j++) {
+            if (atomic_load_explicit(&g->flags[j].step, memory_order_acquire) < need) {
+                *t = (sleep_on){&g->flags[j].step, &g->flags[j].waiters, need};
+                found = 1;
+            }
         }
     }
+    lock_drop(&g->lock);
+    return found;
+}
+
+/* Sleep (futex, at most `ns`) until the lagging peer publishes; no Python API. */
+static void wait_for_peers(Segment *g, long ns) {
+    sleep_on t;
+    if (lagging_flag(g, &t))
+        word_sleep(t.word, t.waiters, t.need, ns);
 }
 
 /* Block until `op` is done: spin `spin` polls, then yield (sleep == 0, or for the first
@@ -435,7 +463,7 @@ static void wait_for_peers(Segment *g) {
  * looking for dead peers. */
 static int op_run(ShmOp *op) {
     Segment *g = op->seg;
-    if (progress(op)) {
+    if (locked_progress(op)) {
         sweep(g);
         return 0;
     }
@@ -444,7 +472,7 @@ static int op_run(ShmOp *op) {
     int dead = -1, yielding = !g->sleep || g->yield_us > 0;
     struct timespec t0 = {0, 0};
     for (;;) {
-        if (progress(op))
+        if (locked_progress(op))
             break;
         polls++;
         if (polls < (unsigned long)g->spin) {
@@ -465,7 +493,7 @@ static int op_run(ShmOp *op) {
         if (yielding)
             sched_yield();
         else
-            wait_for_peers(g);
+            wait_for_peers(g, CL_SLEEP_NS);
         if ((polls & 15) == 0) {
             dead = dead_peer(g, (uint64_t)(op->s0 + op->cur));
             if (dead >= 0)

@@ -84,6 +84,10 @@ typedef struct {
     long nt_min;       /* outputs of at least this many bytes are written with streaming stores */
     int64_t next_step; /* first step of the next operation issued */
     int64_t done_step; /* last step this rank has completed (read) */
+    /* Held while a thread advances the operations or changes the FIFO: the caller's thread may
+     * run a blocking operation without the GIL (op_run) while commlib's progress thread tests an
+     * asynchronous one (commlib/runtime/progress.py). 0 free, 1 held. */
+    _Atomic int lock;
     ShmOp **fifo;      /* started, unfinished operations in issue order (strong references) */
     Py_ssize_t fifo_head, fifo_len, fifo_cap;
     int broken;

@@ -48,22 +48,40 @@ static void word_wake(_Atomic uint64_t *w, _Atomic uint32_t *waiters) {
         syscall(SYS_futex, low_word(w), FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
-/* Sleep until counter `w` may have reached `need` (or CL_SLEEP_NS passed). */
-static void word_sleep(_Atomic uint64_t *w, _Atomic uint32_t *waiters, uint64_t need) {
+/* Sleep until counter `w` may have reached `need` (or `ns` nanoseconds passed, < 1 s). */
+static void word_sleep(_Atomic uint64_t *w, _Atomic uint32_t *waiters, uint64_t need, long ns) {
     atomic_fetch_add_explicit(waiters, 1, memory_order_seq_cst);
     uint64_t seen = atomic_load_explicit(w, memory_order_seq_cst);
     if (seen < need) {
-        struct timespec ts = {0, CL_SLEEP_NS};
+        struct timespec ts = {0, ns};
         syscall(SYS_futex, low_word(w), FUTEX_WAIT, (uint32_t)seen, &ts, NULL, 0);
     }
     atomic_fetch_sub_explicit(waiters, 1, memory_order_seq_cst);
 }
 #else
 static void word_wake(_Atomic uint64_t *w, _Atomic uint32_t *waiters) { (void)w, (void)waiters; }
-static void word_sleep(_Atomic uint64_t *w, _Atomic uint32_t *waiters, uint64_t need) {
-    (void)w, (void)waiters, (void)need;
+static void word_sleep(_Atomic uint64_t *w, _Atomic uint32_t *waiters, uint64_t need, long ns) {
+    (void)w, (void)waiters, (void)need, (void)ns;
     sched_yield();
 }
 #endif
+
+/* ----- the segment lock -------------------------------------------------------------------- */
+/* Held for one pass of progress (the steps that are ready) or one FIFO change, never while
+ * sleeping; uncontended it costs one atomic exchange. */
+static inline int lock_try(_Atomic int *l) {
+    return atomic_exchange_explicit(l, 1, memory_order_acquire) == 0;
+}
+
+static inline void lock_take(_Atomic int *l) {
+    for (unsigned long spins = 0; !lock_try(l); spins++) {
+        if (spins < 1000)
+            cpu_relax();
+        else
+            sched_yield();
+    }
+}
+
+static inline void lock_drop(_Atomic int *l) { atomic_store_explicit(l, 0, memory_order_release); }
 
 #endif
