@@ -352,7 +352,8 @@ def _usage_error(rank: int, message: str) -> None:
 # ----- gloo --------------------------------------------------------------------------------
 def init_gloo(comm):
     """torch.distributed with a gloo process group over the ranks of the MPI communicator
-    ``comm``; returns ``torch.distributed``. Rank 0 opens the rendezvous store on a port the
+    ``comm``; returns ``torch.distributed``. Rank 0 (on ``MASTER_ADDR``, or a vcluster job's
+    ``VCLUSTER_HEAD``, else 127.0.0.1) opens the rendezvous store on a port the
     kernel picks and broadcasts it (a port found free and then opened by the store can be taken
     in between: seen once in CI as EADDRINUSE). commlib.init() runs first, so commlib stays on
     MPI."""
@@ -360,7 +361,9 @@ def init_gloo(comm):
 
     import torch.distributed as dist
 
-    host, wait = "127.0.0.1", timedelta(seconds=120)
+    # the rendezvous host: MASTER_ADDR, or the head of a vcluster job, or this machine
+    host = os.environ.get("MASTER_ADDR") or os.environ.get("VCLUSTER_HEAD") or "127.0.0.1"
+    wait = timedelta(seconds=120)
     store = port = None
     if comm.rank == 0:
         store = dist.TCPStore(host, 0, comm.size, is_master=True, timeout=wait,

@@ -41,12 +41,16 @@ def test_shm_polled_mode(mpirun):
     assert "ok case_two_groups (world size 3)" in proc.stdout, proc.stdout
 
 
-@pytest.mark.parametrize("mode,shared", [("abort", False), ("raise", False), ("raise", True)])
-def test_killed_rank_gives_the_others_an_error(mode, shared, tmp_path):
+@pytest.mark.parametrize("mode,shared,asynchronous", [
+    ("abort", False, False), ("raise", False, False), ("raise", True, False),
+    ("abort", False, True)])
+def test_killed_rank_gives_the_others_an_error(mode, shared, asynchronous, tmp_path):
     """Three ranks (started here with torchrun's variables, see tests/torch_dist/shm_die.py for
     why not mpiexec); the last is SIGKILLed inside a multi-chunk all-reduce, or (``shared``)
     after publishing its block of an all-gather whose other inputs are shared buffers, whose
-    owners wait for every peer to have read them before returning. Each survivor raises
+    owners wait for every peer to have read them before returning, or (``asynchronous``) while
+    the survivors compute after issuing an asynchronous all-reduce: their progress thread meets
+    the failure meanwhile and ``wait()`` raises it. Each survivor raises
     CommBackendError naming the dead rank within seconds, the group then refuses every call with
     the same error, nothing hangs and nothing is left in /dev/shm."""
     report = tmp_path / "report.txt"
@@ -57,7 +61,8 @@ def test_killed_rank_gives_the_others_an_error(mode, shared, tmp_path):
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for env in torchrun_env(3, COMMLIB_SHM_SLOT_BYTES=SMALL_SLOT,
                                      COMMLIB_TIMEOUT_MODE=mode, SHM_DIE_REPORT=str(report),
-                                     SHM_DIE_SHARED=str(int(shared)))]
+                                     SHM_DIE_SHARED=str(int(shared)),
+                                     SHM_DIE_ASYNC=str(int(asynchronous)))]
     try:
         outputs = [p.communicate(timeout=90)[0] for p in procs]
     finally:
@@ -75,5 +80,6 @@ def test_killed_rank_gives_the_others_an_error(mode, shared, tmp_path):
         assert "rank 2 of group 'world'" in message and "exited" in message, context
         assert "Fix:" in message, context
     assert sorted(re.findall(r"^rank (\d) unusable afterwards$", text, re.M)) == ["0", "1"], context
+    assert "not found while computing" not in text, context
     assert took < 80
     assert leftovers() <= before, leftovers() - before

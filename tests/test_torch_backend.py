@@ -30,11 +30,13 @@ API_CASES = [
     "case_mesh", "case_emulated_reductions", "case_internal_channel",
 ]
 
-def run_torch(n: int, cases: list[str], timeout: float | None = None, **extra_env):
-    """Run ``cases`` on ``n`` torchrun-like ranks; return rank 0's stdout. The hard timeout
-    (default 90 s + 40 s per rank) leaves room for a loaded 2-core machine."""
+def run_torch(n: int, cases: list[str], timeout: float | None = None, script=CASES,
+              **extra_env):
+    """Run ``cases`` of ``script`` (default tests/torch_dist/cases.py) on ``n`` torchrun-like
+    ranks; return rank 0's stdout. The hard timeout (default 90 s + 40 s per rank) leaves room
+    for a loaded 2-core machine."""
     timeout = timeout or 90 + 40 * n
-    procs = [subprocess.Popen([sys.executable, str(CASES), *cases], cwd=ROOT, text=True,
+    procs = [subprocess.Popen([sys.executable, str(script), *cases], cwd=ROOT, text=True,
                               start_new_session=True, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE)
              for env in torchrun_env(n, **extra_env)]

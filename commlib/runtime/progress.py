@@ -46,7 +46,7 @@ import torch
 from .. import config
 from ..errors import CommStateError, CommTimeoutError
 
-__all__ = ["Work", "completed_work", "drive", "shutdown", "start", "unusable"]
+__all__ = ["Work", "completed_work", "drive", "set_progress", "shutdown", "start", "unusable"]
 
 _yield = os.sched_yield if hasattr(os, "sched_yield") else (lambda: time.sleep(0))
 _clock = time.monotonic
@@ -375,6 +375,17 @@ def shutdown() -> None:
     for work in tuple(_PENDING):
         _ABANDONED.append((work._gen, work._handles, work._keep))
     _PENDING.clear()
+
+
+def set_progress(mode: str) -> str:
+    """Switch how asynchronous operations advance from now on: ``"thread"`` or ``"wait"`` (as
+    ``COMMLIB_PROGRESS``; bench/overlap.py compares the two in one run). Returns the previous
+    mode. Operations already pending keep going either way (``wait`` always completes them)."""
+    if mode not in ("thread", "wait"):
+        raise ValueError(f"set_progress: mode {mode!r}: expected 'thread' or 'wait'")
+    previous = "thread" if _PROGRESS.on else "wait"
+    _PROGRESS.on = mode == "thread"
+    return previous
 
 
 atexit.register(_PROGRESS.stop)

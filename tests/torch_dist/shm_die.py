@@ -49,7 +49,18 @@ def main() -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
         def collective():
-            commlib.all_reduce(torch.ones(200_000))
+            if os.environ.get("SHM_DIE_ASYNC") != "1":
+                commlib.all_reduce(torch.ones(200_000))
+                return
+            # asynchronous, then compute: the progress thread meets the dead peer meanwhile,
+            # stores the error, and wait() raises it
+            work = commlib.all_reduce(torch.ones(200_000), async_op=True)
+            a, end = torch.randn(128, 128), time.monotonic() + 1.0
+            while time.monotonic() < end:
+                a = torch.tanh(a @ a)
+            if work.exception() is None:
+                say(f"rank {r}: the failure was not found while computing")
+            work.wait()
     start = time.monotonic()
     try:
         collective()

@@ -1,0 +1,224 @@
+"""Overlap of communication with compute: how much of a collective hides behind a matmul, and
+tensor-parallel MLP forward+backward with overlap on and off.
+
+Run under ``mpiexec`` (one host) or across hosts (the multi-host cluster of docs/overlap.md)::
+
+    mpiexec -n 2 .venv/bin/python bench/overlap.py                 # both parts, 16 MiB
+    mpiexec -n 2 .venv/bin/python bench/overlap.py --part hide -b 1M -e 16M
+    mpiexec -n 2 .venv/bin/python bench/overlap.py --part mlp --hidden 1024 --seq 1024
+
+**hide**: for each implementation, in one run and interleaved per round: the all-reduce alone
+(issued and waited at once), a matmul loop alone (sized to last about as long as the all-reduce
+on the slowest rank), and both (the all-reduce issued with ``async_op=True``, then the matmul
+loop, then ``wait``). Times are the slowest rank's, medians over the rounds. ``hidden`` is the
+share of the shorter of the two that disappears: (comm + compute - both) / min(comm, compute),
+100% when ``both`` equals the longer one. The implementations: ``commlib`` (the progress thread,
+COMMLIB_PROGRESS=thread), ``commlib-wait`` (COMMLIB_PROGRESS=wait: the operation advances only
+in ``wait``), ``mpi4py`` (``Iallreduce`` / ``Wait``) and ``gloo`` (torch.distributed,
+``async_op=True``). ``goal`` says whether ``both`` <= the longer + 20% of the shorter.
+
+**mlp**: ``commlib.nn.ParallelMLP`` forward+backward over the world, for sequence_parallel off and
+on: ``overlap=True`` against ``overlap=False`` (the plain all-gather -> matmul and matmul ->
+reduce-scatter / all-reduce), and the same GEMMs without communication (``compute``: the bound
+overlap can reach). Medians over rounds, the slowest rank's time; ``speed-up`` = overlap off / on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+from mpi4py import MPI
+
+import commlib
+from _harness import fmt_bytes, init_gloo, parse_size
+from commlib.runtime.progress import set_progress
+
+torch.set_num_threads(1)
+COMM = MPI.COMM_WORLD
+GOAL_HIDDEN = 0.8  # issue 17: both <= longer + 20% of the shorter
+GOAL_MLP_SPEEDUP = 1.3  # where communication and compute are of similar size
+
+
+def slowest(seconds: float) -> float:
+    return COMM.allreduce(seconds, op=MPI.MAX)
+
+
+def timed(fn) -> float:
+    COMM.Barrier()
+    t0 = time.perf_counter()
+    fn()
+    return slowest(time.perf_counter() - t0)
+
+
+# ----- hide ---------------------------------------------------------------------------------
+class Matmuls:
+    """A loop of ``k`` square matmuls, ``k`` agreed on by every rank."""
+
+    def __init__(self, dim: int):
+        g = torch.Generator().manual_seed(1)
+        self.a = torch.randn(dim, dim, generator=g)
+        self.b = torch.randn(dim, dim, generator=g)
+        self.k = 1
+        self.one = min(timed(self.run) for _ in range(3))
+
+    def run(self, k: int | None = None) -> None:
+        for _ in range(self.k if k is None else k):
+            torch.mm(self.a, self.b)
+
+    def fit(self, seconds: float) -> None:
+        self.k = max(1, round(seconds / self.one))
+
+
+def _impls(x: torch.Tensor, dist):
+    """name -> (issue() -> handle, wait(handle))."""
+    arr = x.numpy()
+
+    def commlib_issue():
+        return commlib.all_reduce(x, async_op=True)
+
+    impls = {
+        "commlib": (commlib_issue, lambda w: w.wait()),
+        "commlib-wait": (commlib_issue, lambda w: w.wait()),
+        "mpi4py": (lambda: COMM.Iallreduce(MPI.IN_PLACE, arr, op=MPI.SUM), lambda r: r.Wait()),
+    }
+    if dist is not None:
+        impls["gloo"] = (lambda: dist.all_reduce(x, async_op=True), lambda w: w.wait())
+    return impls
+
+
+def hide_point(nbytes: int, mm: Matmuls, dist, rounds: int) -> dict:
+    x = torch.ones(nbytes // 4)
+    impls = _impls(x, dist)
+    results = {name: {"comm": [], "compute": [], "both": []} for name in impls}
+    for name, (issue, wait) in impls.items():  # warm-up, and size the matmul loop on commlib's
+        set_progress("wait" if name == "commlib-wait" else "thread")
+        wait(issue())
+    set_progress("thread")
+    comm_time = statistics.median(timed(lambda: impls["commlib"][1](impls["commlib"][0]()))
+                                  for _ in range(3))
+    mm.fit(comm_time)
+    for _ in range(rounds):
+        for name, (issue, wait) in impls.items():
+            set_progress("wait" if name == "commlib-wait" else "thread")
+            r = results[name]
+            r["comm"].append(timed(lambda: wait(issue())))
+            r["compute"].append(timed(mm.run))
+
+            def both():
+                h = issue()
+                mm.run()
+                wait(h)
+
+            r["both"].append(timed(both))
+    set_progress("thread")
+    table = {}
+    for name, r in results.items():
+        comm, comp, both = (statistics.median(r[k]) for k in ("comm", "compute", "both"))
+        hidden = (comm + comp - both) / min(comm, comp)
+        table[name] = dict(comm=comm, compute=comp, both=both, hidden=hidden,
+                           goal=both <= max(comm, comp) + (1 - GOAL_HIDDEN) * min(comm, comp))
+    return table
+
+
+def part_hide(args, dist, out) -> None:
+    mm = Matmuls(args.dim)
+    out(f"# hide: float32 all-reduce issued async_op=True before a loop of {args.dim}x{args.dim} "
+        f"matmuls of about its length ({mm.one * 1e3:.2f} ms each); slowest rank, median of "
+        f"{args.rounds} rounds")
+    out(f"# {'size':>8} {'impl':>13} | {'comm ms':>8} | {'compute ms':>10} | {'both ms':>8} | "
+        f"{'hidden':>6} | goal (both <= longer + 20% shorter)")
+    size = args.b
+    while size <= args.e:
+        table = hide_point(size, mm, dist, args.rounds)
+        for name, r in table.items():
+            out(f"  {fmt_bytes(size):>8} {name:>13} | {r['comm'] * 1e3:8.2f} | "
+                f"{r['compute'] * 1e3:10.2f} | {r['both'] * 1e3:8.2f} | "
+                f"{100 * r['hidden']:5.0f}% | {'PASS' if r['goal'] else 'MISS'}")
+        size *= args.f
+
+
+# ----- mlp ----------------------------------------------------------------------------------
+def part_mlp(args, out) -> None:
+    from commlib.nn import ParallelMLP
+
+    p = commlib.get_world_size()
+    h, ffn, s, bsz = args.hidden, 4 * args.hidden, args.seq, args.batch
+    g = torch.Generator().manual_seed(2)
+    fc1, fc2 = torch.nn.Linear(h, ffn), torch.nn.Linear(ffn, h)
+    x_full = torch.randn(s, bsz, h, generator=g)
+    out(f"# mlp: ParallelMLP hidden {h}, ffn {ffn}, input ({s}, {bsz}, {h}) float32 over "
+        f"{p} ranks; forward+backward, slowest rank, median of {args.rounds} rounds")
+    out(f"# {'sequence_parallel':>17} | {'overlap on ms':>13} | {'overlap off ms':>14} | "
+        f"{'compute ms':>10} | {'speed-up':>8}")
+    for sp in (False, True):
+        x = x_full.chunk(p)[commlib.get_rank()].clone() if sp else x_full.clone()
+        layers = {ov: ParallelMLP.from_dense(fc1, fc2, sequence_parallel=sp, overlap=ov)
+                  for ov in (True, False)}
+        # the same GEMMs, no communication: the local shards on the whole sequence
+        w1 = fc1.weight.detach().chunk(p)[0].clone().requires_grad_()
+        w2 = fc2.weight.detach().chunk(p, dim=1)[0].clone().requires_grad_()
+        xs = x_full.clone()
+
+        def local():
+            y = torch.nn.functional.gelu(xs @ w1.t()) @ w2.t()
+            y.sum().backward()
+
+        def step(layer, inp):
+            def run():
+                inp.grad = None
+                y = layer(inp.requires_grad_())
+                y.sum().backward()
+            return run
+
+        times = {True: [], False: [], "compute": []}
+        for fn in (step(layers[True], x), step(layers[False], x), local):
+            fn()  # warm-up
+        for _ in range(args.rounds):
+            times[True].append(timed(step(layers[True], x)))
+            times[False].append(timed(step(layers[False], x)))
+            times["compute"].append(timed(local))
+        on, off, comp = (statistics.median(times[k]) for k in (True, False, "compute"))
+        out(f"  {str(sp):>17} | {on * 1e3:13.1f} | {off * 1e3:14.1f} | {comp * 1e3:10.1f} | "
+            f"{off / on:7.2f}x")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--part", choices=("hide", "mlp", "all"), default="all")
+    ap.add_argument("-b", type=parse_size, default=16 << 20, help="smallest all-reduce size")
+    ap.add_argument("-e", type=parse_size, default=None, help="largest (default: -b)")
+    ap.add_argument("-f", type=int, default=4, help="size factor between points")
+    ap.add_argument("--dim", type=int, default=512, help="matmul size of the hide loop")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--no-gloo", action="store_true", help="leave out torch.distributed gloo")
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=1)
+    args = ap.parse_args()
+    args.e = args.e or args.b
+    commlib.init()
+    rank = commlib.get_rank()
+
+    def out(line: str) -> None:
+        if rank == 0:
+            print(line, flush=True)
+
+    hosts = COMM.allgather(MPI.Get_processor_name())
+    out(f"# bench/overlap.py: {COMM.size} ranks on {len(set(hosts))} host(s), commlib backend "
+        f"{commlib.get_world_group().backend.name}, torch {torch.__version__}, {torch.get_num_threads()} thread "
+        f"per rank, {os.cpu_count()} cores")
+    if args.part in ("hide", "all"):
+        dist = None if args.no_gloo else init_gloo(COMM)
+        part_hide(args, dist, out)
+    if args.part in ("mlp", "all"):
+        part_mlp(args, out)
+    commlib.finalize()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

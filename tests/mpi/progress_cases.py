@@ -1,0 +1,139 @@
+"""Asynchronous operations advance while the caller computes (commlib's progress thread).
+
+Run by tests/test_progress.py on real ranks: under mpiexec (the mpi engine: collectives through
+the shared-memory segment, the engine's own, and commlib's point-to-point algorithms) and with
+torchrun's variables (the torch engine on gloo).
+
+Causality, not speed: rank 0 issues an operation, then computes for ``COMPUTE_S`` seconds (a
+hundred times the operation's length) without calling commlib, while the other ranks wait for it.
+A multi-step algorithm (ring, the shared-memory two-shot) cannot finish before rank 0 has posted
+its later steps, which only the progress thread can do while rank 0 computes. So with the thread
+the waiting ranks finish before rank 0's compute ends and rank 0 finds the operation completed
+(``is_completed()``) right after its compute; without it (``COMMLIB_PROGRESS=wait``, the negative
+control) they finish only after. The ranks share one host, hence one monotonic clock.
+"""
+
+import time
+
+import torch
+from _harness import main
+
+import commlib
+from commlib.runtime.progress import set_progress
+
+COMPUTE_S = 0.6
+COUNT = 1 << 18  # 1 MiB of float32
+
+
+def compute(seconds: float) -> float:
+    """Matmuls until ``seconds`` have passed (no commlib call); the time it ended."""
+    a = torch.randn(128, 128)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        a = torch.tanh(a @ a)
+    return time.monotonic()
+
+
+def data(rank: int, count: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(rank + 1)
+    return torch.randint(0, 8, (count,), generator=g).float()  # exact sums
+
+
+def algorithms() -> list[str]:
+    names = ["ring", "native"]
+    if commlib.get_world_group().shm is not None:
+        names.append("shm_twoshot")
+    return names
+
+
+def _issue(kind: str, algo: str):
+    """Start ``kind`` with ``algo``; return (work, check) where check() asserts the result."""
+    r, n = commlib.get_rank(), commlib.get_world_size()
+    if kind == "all_reduce":
+        x = data(r, COUNT)
+        want = sum(data(k, COUNT) for k in range(n))
+        return commlib.all_reduce(x, algorithm=algo, async_op=True), lambda: torch.equal(x, want)
+    out = torch.empty(n * COUNT // 4)
+    want = torch.cat([data(k, COUNT // 4) for k in range(n)])
+    w = commlib.all_gather_into_tensor(out, data(r, COUNT // 4), algorithm=algo, async_op=True)
+    return w, lambda: torch.equal(out, want)
+
+
+def _race(kind: str, algo: str):
+    """Rank 0 computes while the others wait; returns (rank 0 completed after its compute,
+    rank 0's compute end, the other ranks' wait ends), the same on every rank."""
+    r = commlib.get_rank()
+    commlib.barrier()
+    work, check = _issue(kind, algo)
+    completed, ended = True, 0.0
+    if r == 0:
+        ended = compute(COMPUTE_S)
+        completed = work.is_completed()
+    work.wait()
+    waited = time.monotonic()
+    assert check(), f"{kind} {algo}: wrong result on rank {r}"
+    times = torch.tensor([float(completed), ended, waited], dtype=torch.float64)
+    rows = torch.empty(commlib.get_world_size() * 3, dtype=torch.float64)
+    commlib.all_gather_into_tensor(rows, times)
+    rows = rows.view(-1, 3)
+    return bool(rows[0, 0]), float(rows[0, 1]), rows[1:, 2].tolist()
+
+
+def case_progress_while_computing():
+    """Every algorithm, all-reduce and all-gather: complete when rank 0's compute ends, and the
+    other ranks were not held up by it."""
+    set_progress("thread")
+    for kind in ("all_reduce", "all_gather"):
+        for algo in algorithms():
+            if kind == "all_gather" and algo == "shm_twoshot":
+                algo = "shm"
+            completed, ended, waits = _race(kind, algo)
+            assert completed, f"{kind} {algo}: not completed by the end of rank 0's compute"
+            late = [w - ended for w in waits if w > ended]
+            assert not late, (f"{kind} {algo}: ranks waited {late} s past rank 0's compute: "
+                              f"nothing advanced rank 0's side meanwhile")
+
+
+def case_no_progress_without_the_thread():
+    """The negative control: with COMMLIB_PROGRESS=wait, a multi-step operation waits for rank 0
+    to finish computing (so the test above can fail)."""
+    if commlib.get_world_size() < 2:
+        return
+    previous = set_progress("wait")
+    try:
+        for algo in ("ring",) + (("shm_twoshot",) if "shm_twoshot" in algorithms() else ()):
+            _, ended, waits = _race("all_reduce", algo)
+            assert all(w >= ended for w in waits), (algo, ended, waits)
+    finally:
+        set_progress(previous)
+
+
+def case_async_beside_blocking():
+    """Asynchronous operations in flight (advanced by the progress thread) interleaved with
+    blocking ones on the same group and engine, many times: results stay exact (the shared-
+    memory segment and each Work are advanced by one thread at a time)."""
+    set_progress("thread")
+    r, n = commlib.get_rank(), commlib.get_world_size()
+    algos = algorithms()
+    for i in range(40):
+        a = data(r + i, 5000)
+        w1 = commlib.all_reduce(a, algorithm=algos[i % len(algos)], async_op=True)
+        out = torch.empty(n * 3000)
+        w2 = commlib.all_gather_into_tensor(out, data(r + i, 3000), async_op=True)
+        b = data(r + 2 * i, 7000)
+        commlib.all_reduce(b)  # blocking, while w1 and w2 may be in the progress thread
+        compute(0.002 * (i % 3))
+        if i % 2:
+            w1.wait()
+            w2.wait()
+        else:
+            w2.wait()
+            w1.wait()
+        assert torch.equal(a, sum(data(k + i, 5000) for k in range(n))), i
+        assert torch.equal(b, sum(data(k + 2 * i, 7000) for k in range(n))), i
+        assert torch.equal(out, torch.cat([data(k + i, 3000) for k in range(n)])), i
+        assert w1.exception() is None and w2.exception() is None
+
+
+if __name__ == "__main__":
+    main(globals())

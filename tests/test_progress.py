@@ -1,0 +1,29 @@
+"""Asynchronous operations advance while the caller computes (commlib/runtime/progress.py: the
+progress thread), on real ranks: tests/mpi/progress_cases.py under mpiexec (mpi engine, with the
+shared-memory segment and without it) and with torchrun's variables (torch engine on gloo). A
+rank that dies while another's asynchronous operation is in flight is in
+tests/test_shm.py::test_killed_rank_gives_the_others_an_error (``async``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import MPI_DIR
+from test_torch_backend import run_torch
+
+CASES = ["case_progress_while_computing", "case_no_progress_without_the_thread",
+         "case_async_beside_blocking"]
+
+
+@pytest.mark.parametrize("n,shm", [(1, "1"), (2, "1"), (4, "1"), (2, "0")])
+def test_progress_on_mpi(mpirun, n, shm):
+    proc = mpirun(n, "progress_cases.py", timeout=240, COMMLIB_SHM=shm)
+    for case in CASES:
+        assert f"ok {case} (world size {n})" in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_progress_on_gloo(n):
+    out = run_torch(n, CASES, script=MPI_DIR / "progress_cases.py")
+    for case in CASES:
+        assert f"ok {case} (world size {n})" in out, out
