@@ -91,6 +91,18 @@ def _impls(x: torch.Tensor, dist):
     return impls
 
 
+def _comm_only(issue, wait):
+    return lambda: wait(issue())
+
+
+def _both(issue, wait, mm: Matmuls):
+    def run():
+        handle = issue()
+        mm.run()
+        wait(handle)
+    return run
+
+
 def hide_point(nbytes: int, mm: Matmuls, dist, rounds: int) -> dict:
     x = torch.ones(nbytes // 4)
     impls = _impls(x, dist)
@@ -106,15 +118,9 @@ def hide_point(nbytes: int, mm: Matmuls, dist, rounds: int) -> dict:
         for name, (issue, wait) in impls.items():
             set_progress("wait" if name == "commlib-wait" else "thread")
             r = results[name]
-            r["comm"].append(timed(lambda: wait(issue())))
+            r["comm"].append(timed(_comm_only(issue, wait)))
             r["compute"].append(timed(mm.run))
-
-            def both():
-                h = issue()
-                mm.run()
-                wait(h)
-
-            r["both"].append(timed(both))
+            r["both"].append(timed(_both(issue, wait, mm)))
     set_progress("thread")
     table = {}
     for name, r in results.items():
@@ -143,6 +149,13 @@ def part_hide(args, dist, out) -> None:
 
 
 # ----- mlp ----------------------------------------------------------------------------------
+def _local_gemms(x, w1, w2):
+    def run():
+        y = torch.nn.functional.gelu(x @ w1.t()) @ w2.t()
+        y.sum().backward()
+    return run
+
+
 def part_mlp(args, out) -> None:
     from commlib.nn import ParallelMLP
 
@@ -162,11 +175,7 @@ def part_mlp(args, out) -> None:
         # the same GEMMs, no communication: the local shards on the whole sequence
         w1 = fc1.weight.detach().chunk(p)[0].clone().requires_grad_()
         w2 = fc2.weight.detach().chunk(p, dim=1)[0].clone().requires_grad_()
-        xs = x_full.clone()
-
-        def local():
-            y = torch.nn.functional.gelu(xs @ w1.t()) @ w2.t()
-            y.sum().backward()
+        local = _local_gemms(x_full.clone(), w1, w2)
 
         def step(layer, inp):
             def run():
