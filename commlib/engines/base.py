@@ -92,6 +92,13 @@ class Backend:
         os._exit(code)
 
     # ----- completion ---------------------------------------------------------------------
+    #: Whether commlib's progress thread may advance this engine's asynchronous operations
+    #: (test handles, post later steps) while the caller's thread uses the engine too
+    #: (commlib/runtime/progress.py). False for GPU engines: CUDA's current stream is per thread
+    #: and an NCCL communicator must not be used from two threads at once; their device work runs
+    #: on its own, and later steps are posted by the caller's next commlib call.
+    progress_in_thread: bool = True
+
     def test(self, handles: list) -> bool:
         """True when every handle has completed (advancing progress); never blocks."""
         raise NotImplementedError

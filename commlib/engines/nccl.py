@@ -215,6 +215,7 @@ class NCCLBackend(Backend):
     devices = frozenset({"cuda"})
     native_reduce_dtypes = Backend.native_reduce_dtypes | {torch.float16, torch.bfloat16}
     native_ops = frozenset(_NCCL_OPS) - {ReduceOp.AVG}
+    progress_in_thread = False  # streams are per thread; the open p2p group is not thread safe
 
     def __init__(self, mpi_comm, cupy, nccl):
         self._cupy, self._nccl = cupy, nccl

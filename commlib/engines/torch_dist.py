@@ -258,6 +258,7 @@ class TorchBackend(Backend):
         self._lacks = _LACKS[kind]
         self._clobbers = _REDUCE_CLOBBERS_INPUT[kind]
         self._pollable = _P2P_POLLABLE[kind]
+        self.progress_in_thread = kind == "gloo"  # torch's current CUDA stream is per thread
         self._rs_native = _REDUCE_SCATTER_POLLABLE[kind]
         self._sent: dict[tuple[bool, int], list] = {}  # messages to self, by (user, tag)
         self._posted: list[tuple[tuple[bool, int], _Local]] = []

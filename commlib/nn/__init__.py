@@ -1,12 +1,20 @@
-"""Parallel layers built on commlib's collectives: sequence-parallel attention.
+"""Parallel layers built on commlib's collectives: sequence-parallel attention and Megatron-style
+tensor parallelism.
 
 ``commlib.nn.functional``: :func:`ring_attention` (blockwise ring or the RSA scheme),
-:func:`ulysses_attention`, :func:`shard_sequence`, :func:`unshard_sequence`.
+:func:`ulysses_attention`, :func:`shard_sequence`, :func:`unshard_sequence`,
+:func:`column_parallel_linear`, :func:`row_parallel_linear`.
 ``commlib.nn.SequenceParallelAttention``: the attention module of a transformer block whose
 activations are sharded along the sequence.
+``commlib.nn.ColumnParallelLinear``, ``RowParallelLinear``, ``ParallelMLP``: linear layers and
+the MLP with weights split over a tensor-parallel group (optionally sequence-parallel, with
+communication overlapped with computation); ``from_dense``/``to_dense`` convert to and from
+``torch.nn.Linear``.
 """
 
 from . import functional
 from .attention import SequenceParallelAttention
+from .tensor_parallel import ColumnParallelLinear, ParallelMLP, RowParallelLinear
 
-__all__ = ["functional", "SequenceParallelAttention"]
+__all__ = ["functional", "SequenceParallelAttention", "ColumnParallelLinear", "RowParallelLinear",
+           "ParallelMLP"]

@@ -10,6 +10,10 @@ Example (2 ranks, total length 8, zigzag layout: rank 0 holds tokens 0,1,6,7; ra
     q = shard_sequence(x, dim=1)                 # (1, 4, 4, 16): this rank's tokens
     out = ring_attention(q, q, q, causal=True)   # this rank's rows of full causal attention
     full = unshard_sequence(out, dim=1)          # (1, 8, 4, 16), in global order, on every rank
+
+Tensor parallelism (Megatron-style 1D, the functional form of ``commlib.nn.ColumnParallelLinear``
+and ``RowParallelLinear``; see ``docs/overlap.md``): :func:`column_parallel_linear`,
+:func:`row_parallel_linear`.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import math
 import torch
 
 import commlib
+import commlib.overlap
 from commlib.runtime import debug
 from commlib.errors import CommError, CommTypeError, arg_error
 from commlib.api.groups import resolve_group
@@ -29,7 +34,8 @@ from ._plan import plan_ring
 from ._ring import RingAttention, RSAAttention
 
 __all__ = ["ring_attention", "ulysses_attention", "shard_sequence", "unshard_sequence",
-           "ALGORITHMS", "default_head_chunks", "default_seq_chunks"]
+           "ALGORITHMS", "default_head_chunks", "default_seq_chunks",
+           "column_parallel_linear", "row_parallel_linear", "DEFAULT_OVERLAP_CHUNKS"]
 
 # algorithm= of ring_attention: the autograd function that runs it
 ALGORITHMS = {"ring": RingAttention, "rsa": RSAAttention}
@@ -374,3 +380,347 @@ def unshard_sequence(x: torch.Tensor, dim: int = 1, layout: str = "zigzag", grou
                    f"layout {layout!r} holds {per} equal chunks per rank")
         call.update(_shapes(x=x), dim=dim, layout=layout, grad=grad)
     return _Gather.apply(x, dim, layout, g.size, g.rank, group, grad)
+
+
+# ----- tensor parallelism (Megatron-style 1D) ---------------------------------------------------
+# Two linear maps with a weight sharded over a group of N ranks (Shoeybi et al., Megatron-LM, and
+# Korthikanti et al. for sequence parallelism), each one autograd function holding the layer's
+# collectives so that, with overlap, they run while the other half of the step computes:
+#
+#   column (weight rows, i.e. output features, sharded):  forward          backward (input grad)
+#     sequence_parallel=False  ("f")                       identity         all-reduce
+#     sequence_parallel=True                               all-gather dim 0 reduce-scatter dim 0
+#   row (weight columns, i.e. input features, sharded):   forward (output) backward
+#     sequence_parallel=False  ("g")                       all-reduce       identity
+#     sequence_parallel=True                               reduce-scatter 0 all-gather dim 0
+#
+# Sequence-parallel activations follow Megatron's [s, b, h] convention: the sequence is dim 0 and
+# rank r holds rows [r * s/N, (r + 1) * s/N) (the contiguous layout: shard_sequence(x, dim=0,
+# layout="contiguous")). Gradients: an output that is replicated (row without sequence_parallel,
+# column with gather_output) carries one loss computed identically on every rank, counted once;
+# an output that is sharded (column without gather_output: by features; row with
+# sequence_parallel: by sequence) carries a loss per rank, and the total is their sum. Every
+# parameter's gradient is then this total's exact gradient, on every rank that holds it.
+
+# Row chunks of the row-parallel GEMM whose all-reduces overlap the next chunk's GEMM
+# (sequence_parallel=False, overlap=True): enough to hide all but one chunk's reduction, few
+# enough that each all-reduce still carries at least 1/4 of the output.
+DEFAULT_OVERLAP_CHUNKS = 4
+
+
+def _gather_rows(x: torch.Tensor, g) -> torch.Tensor:
+    """All-gather along dim 0 in rank order: ``(s, ...)`` -> ``(N * s, ...)``."""
+    x = x.contiguous()
+    out = x.new_empty((g.size * x.shape[0],) + tuple(x.shape[1:]))
+    commlib.all_gather_into_tensor(out, x, group=g)
+    return out
+
+
+def _scatter_rows(x: torch.Tensor, g, async_op: bool = False):
+    """Reduce-scatter along dim 0: ``(N * s, ...)`` summed over ranks -> rank r's ``(s, ...)``."""
+    x = x.contiguous()
+    out = x.new_empty((x.shape[0] // g.size,) + tuple(x.shape[1:]))
+    return out, commlib.reduce_scatter_tensor(out, x, group=g, async_op=async_op)
+
+
+def _sum_ranks(x: torch.Tensor, g, async_op: bool = False):
+    """All-reduce (sum) in place; (tensor, Work)."""
+    return x, commlib.all_reduce(x, group=g, async_op=async_op)
+
+
+def _row_bounds(m: int, chunks: int) -> list[tuple[int, int]]:
+    """``chunks`` near-equal, non-empty row ranges covering ``[0, m)`` (fewer if m is smaller)."""
+    c = max(1, min(chunks, m))
+    return [(i * m // c, (i + 1) * m // c) for i in range(c)]
+
+
+def _matmul_sum_chunked(x: torch.Tensor, weight: torch.Tensor, g, chunks: int) -> torch.Tensor:
+    """``x @ weight.T`` summed over the group, cut into row chunks: each chunk's all-reduce is
+    posted as soon as its GEMM is done and progresses while the next chunk computes."""
+    x2 = x.reshape(-1, x.shape[-1])
+    out = x2.new_empty((x2.shape[0], weight.shape[0]))
+    works = []
+    for a, b in _row_bounds(x2.shape[0], chunks):
+        torch.matmul(x2[a:b], weight.t(), out=out[a:b])
+        works.append(commlib.all_reduce(out[a:b], group=g, async_op=True))
+        for w in works[:-1]:
+            w.is_completed()  # advance the earlier chunks' reductions (never blocks)
+    for w in works:
+        w.wait()
+    return out.view(tuple(x.shape[:-1]) + (weight.shape[0],))
+
+
+class _ColumnLinear(torch.autograd.Function):
+    """``y = x_full W^T + b``, W sharded by rows. Forward: ``x_full`` is x (Megatron's f) or the
+    all-gather of the sequence shards. Backward: the input gradient, a partial sum on each rank,
+    is all-reduced (or reduce-scattered); with ``overlap`` it travels while the weight gradient is
+    computed (Megatron's async gradient all-reduce). A sequence-parallel input is kept as its
+    shard only (activation memory s/N) and gathered again for the weight gradient. (With both
+    sequence_parallel and overlap the layer runs commlib.overlap.all_gather_matmul instead.)"""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, g, sp, overlap):
+        comm = g.size > 1
+        full = _gather_rows(x, g) if sp and comm else x
+        ctx.save_for_backward(x, weight)
+        ctx.args = (g, sp, overlap, bias is not None)
+        return torch.nn.functional.linear(full, weight, bias)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        g, sp, overlap, has_bias = ctx.args
+        comm = g.size > 1
+        full = _gather_rows(x, g) if sp and comm and ctx.needs_input_grad[1] else x
+        dx = work = None
+        if ctx.needs_input_grad[0]:
+            dx = dy.matmul(weight)  # this rank's term of the input gradient
+            if comm:
+                dx, work = (_scatter_rows if sp else _sum_ranks)(dx, g, overlap)
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        dw = dy2.t().matmul(full.reshape(-1, full.shape[-1])) if ctx.needs_input_grad[1] else None
+        db = dy2.sum(0) if has_bias and ctx.needs_input_grad[2] else None
+        if work is not None:
+            work.wait()
+        return dx, dw, db, None, None, None
+
+
+class _RowLinear(torch.autograd.Function):
+    """``y = sum over ranks of x_r W_r^T, + b``, W sharded by columns. Forward: all-reduce
+    (Megatron's g; with ``overlap``, in row chunks, each reduced while the next one computes) or
+    reduce-scatter along dim 0 (sequence_parallel); the replicated bias is added once, after the
+    reduction. Backward: identity, or the all-gather of the sequence-sharded output gradient,
+    whose row sum is then the bias's exact gradient on every rank (no extra reduction)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, g, sp, overlap, chunks):
+        comm = g.size > 1
+        ctx.save_for_backward(x, weight)
+        ctx.args = (g, sp, bias is not None)
+        if sp and comm:
+            y = _scatter_rows(x.matmul(weight.t()), g)[0]
+        elif comm and overlap and chunks > 1:
+            y = _matmul_sum_chunked(x, weight, g, chunks)
+        else:
+            y = x.matmul(weight.t())
+            if comm:
+                commlib.all_reduce(y, group=g)
+        return y if bias is None else y.add_(bias)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        g, sp, has_bias = ctx.args
+        if sp and g.size > 1:
+            dy = _gather_rows(dy, g)
+        dx = dy.matmul(weight) if ctx.needs_input_grad[0] else None
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        dw = dy2.t().matmul(x.reshape(-1, x.shape[-1])) if ctx.needs_input_grad[1] else None
+        db = dy2.sum(0) if has_bias and ctx.needs_input_grad[2] else None
+        return dx, dw, db, None, None, None, None
+
+
+class _SumBiasGrad(torch.autograd.Function):
+    """``y + b`` for a replicated bias on a sequence-sharded output: the bias's gradient (this
+    rank's rows only) is summed over the group in backward, so that it is exact on every rank."""
+
+    @staticmethod
+    def forward(ctx, y, bias, g):
+        ctx.g = g
+        return y + bias
+
+    @staticmethod
+    def backward(ctx, dy):
+        db = dy.reshape(-1, dy.shape[-1]).sum(0) if ctx.needs_input_grad[1] else None
+        if db is not None and ctx.g.size > 1:
+            commlib.all_reduce(db, group=ctx.g)
+        return dy, db, None
+
+
+class _GatherLast(torch.autograd.Function):
+    """All-gather along the last dim (rank order); backward: this rank's columns (Megatron's
+    gather_from_tensor_parallel_region: the output is replicated, its loss counted once)."""
+
+    @staticmethod
+    def forward(ctx, y, g):
+        ctx.g = g
+        stacked = y.new_empty((g.size,) + tuple(y.shape))
+        commlib.all_gather_into_tensor(stacked, y.contiguous(), group=g)
+        return stacked.movedim(0, -2).reshape(tuple(y.shape[:-1]) + (g.size * y.shape[-1],))
+
+    @staticmethod
+    def backward(ctx, dy):
+        n = dy.shape[-1] // ctx.g.size
+        return dy.narrow(-1, ctx.g.rank * n, n), None
+
+
+class _SplitLast(torch.autograd.Function):
+    """This rank's columns of a replicated tensor; backward: all-gather of the column gradients
+    (Megatron's scatter_to_tensor_parallel_region)."""
+
+    @staticmethod
+    def forward(ctx, x, g):
+        ctx.g = g
+        n = x.shape[-1] // g.size
+        return x.narrow(-1, g.rank * n, n).contiguous()
+
+    @staticmethod
+    def backward(ctx, dx):
+        return _GatherLast.apply(dx, ctx.g), None
+
+
+def _tp_input(fn: str, x, weight, k: int, what: str, sp: bool, size: int, divide: bool) -> None:
+    """Checks of a tensor-parallel linear's input: a floating tensor of the weight's dtype whose
+    last dim is ``k`` (``what`` says which features those are); with sequence parallelism at
+    least 2-D, and (``divide``) a sequence length that splits into ``size`` equal shards."""
+    if not isinstance(x, torch.Tensor):
+        raise arg_error(fn, "x", type(x).__name__, "must be a torch.Tensor",
+                        "pass a tensor shaped (..., features)", CommTypeError)
+    if not x.is_floating_point() or x.dtype != weight.dtype:
+        raise arg_error(fn, "x", f"<tensor dtype={x.dtype}>",
+                        f"must have the weight's dtype {weight.dtype}",
+                        f"convert the input with x.to({weight.dtype}) or build the layer with "
+                        f"dtype={x.dtype}", CommTypeError)
+    if x.dim() == 0 or x.shape[-1] != k:
+        raise arg_error(fn, "x", f"<tensor shape={tuple(x.shape)}>",
+                        f"its last dim must be {k} ({what})", f"pass (..., {k}) activations: {what}")
+    if sp and x.dim() < 2:
+        raise arg_error(fn, "x", f"<tensor shape={tuple(x.shape)}>",
+                        "must be at least 2-D with sequence_parallel=True (dim 0 is the "
+                        "sequence, Megatron's [s, b, h])", "pass (seq, ..., features) activations")
+    if sp and divide and x.shape[0] % size:
+        s = x.shape[0]
+        raise arg_error(fn, "x", f"<tensor shape={tuple(x.shape)}>",
+                        f"sequence length {s} along dim 0 must be a multiple of the group size "
+                        f"{size} (sequence_parallel=True reduce-scatters it into {size} equal "
+                        "shards)", f"pad the sequence to a multiple of {size} (e.g. "
+                        f"{s + (-s) % size}), masking the padding in the loss")
+
+
+def _tp_params(fn: str, weight, bias) -> None:
+    """The weight (2-D, floating) and bias (None, or 1-D with the weight's rows and dtype)."""
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or not weight.is_floating_point():
+        raise arg_error(fn, "weight", f"<{type(weight).__name__} "
+                        f"shape={tuple(getattr(weight, 'shape', ()))}>",
+                        "must be a 2-D floating-point tensor (out_local, in) as nn.Linear's",
+                        "pass this rank's shard of the weight", CommTypeError)
+    bias_len = weight.shape[0]
+    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.dim() != 1
+                             or bias.shape[0] != bias_len or bias.dtype != weight.dtype):
+        raise arg_error(fn, "bias", f"<{type(bias).__name__} "
+                        f"shape={tuple(getattr(bias, 'shape', ()))}>",
+                        f"must be None or a 1-D tensor of {bias_len} elements of the weight's dtype",
+                        "pass the bias matching the weight (None for no bias)")
+
+
+def _column_linear(fn: str, x, weight, bias, group, gather_output: bool,
+                   sequence_parallel: bool, overlap: bool) -> torch.Tensor:
+    """The column-parallel linear, checked under ``fn``'s name (the layer's or the function's)."""
+    with _entry(fn, group) as (g, call):
+        _tp_params(fn, weight, bias)
+        gather_output = _bool(fn, "gather_output", gather_output)
+        sequence_parallel = _bool(fn, "sequence_parallel", sequence_parallel)
+        overlap = _bool(fn, "overlap", overlap)
+        _tp_input(fn, x, weight, weight.shape[1], "in_features", sequence_parallel, g.size,
+                  False)
+        call.update(_shapes(x=x, weight=weight), bias=bias is not None,
+                    gather_output=gather_output, sequence_parallel=sequence_parallel,
+                    overlap=overlap)
+    if sequence_parallel and overlap and g.size > 1:
+        # the all-gather pipelined with the GEMM (commlib.overlap's autograd does the backward)
+        y = commlib.overlap.all_gather_matmul(x, weight.t(), group=g, gather_dim=0)[1]
+        y = y if bias is None else y + bias
+    else:
+        y = _ColumnLinear.apply(x, weight, bias, g, sequence_parallel, overlap)
+    return _GatherLast.apply(y, g) if gather_output and g.size > 1 else y
+
+
+def _row_linear(fn: str, x, weight, bias, group, input_is_parallel: bool,
+                sequence_parallel: bool, overlap: bool, overlap_chunks) -> torch.Tensor:
+    """The row-parallel linear, checked under ``fn``'s name (the layer's or the function's)."""
+    with _entry(fn, group) as (g, call):
+        _tp_params(fn, weight, bias)
+        input_is_parallel = _bool(fn, "input_is_parallel", input_is_parallel)
+        sequence_parallel = _bool(fn, "sequence_parallel", sequence_parallel)
+        overlap = _bool(fn, "overlap", overlap)
+        chunks = _overlap_chunks(fn, overlap_chunks)
+        k = weight.shape[1] * (1 if input_is_parallel else g.size)
+        what = (f"this rank's in_features / {g.size}, input_is_parallel=True" if input_is_parallel
+                else "in_features, input_is_parallel=False")
+        _tp_input(fn, x, weight, k, what, sequence_parallel, g.size, True)
+        call.update(_shapes(x=x, weight=weight), bias=bias is not None,
+                    input_is_parallel=input_is_parallel, sequence_parallel=sequence_parallel,
+                    overlap=overlap, chunks=chunks)
+    if not input_is_parallel and g.size > 1:
+        x = _SplitLast.apply(x, g)
+    if sequence_parallel and overlap and g.size > 1:
+        # the GEMM pipelined with the reduce-scatter (commlib.overlap's autograd does the backward)
+        y = commlib.overlap.matmul_reduce_scatter(x, weight.t(), group=g, scatter_dim=0)
+        return y if bias is None else _SumBiasGrad.apply(y, bias, g)
+    return _RowLinear.apply(x, weight, bias, g, sequence_parallel, overlap, chunks)
+
+
+def _overlap_chunks(fn: str, chunks) -> int:
+    if chunks is None:
+        return DEFAULT_OVERLAP_CHUNKS
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+        raise arg_error(fn, "overlap_chunks", chunks, "must be a positive int or None",
+                        f"pass None for the default ({DEFAULT_OVERLAP_CHUNKS}), or 1 for one GEMM "
+                        "and one all-reduce")
+    return chunks
+
+
+def column_parallel_linear(x, weight, bias=None, *, group=None, gather_output: bool = False,
+                           sequence_parallel: bool = False, overlap: bool = True) -> torch.Tensor:
+    """``x @ weight.T + bias`` for this rank's rows of a weight sharded by output features
+    (Megatron's column-parallel linear): ``weight`` is ``(out_features / N, in_features)``,
+    ``bias`` ``(out_features / N,)``, both this rank's shard.
+
+    Args:
+        x: ``(..., in_features)``, the same on every rank; with ``sequence_parallel=True`` this
+            rank's sequence shard ``(s / N, ..., in_features)`` (dim 0 is the sequence, rank r
+            holds rows ``[r s/N, (r+1) s/N)``), all-gathered before the GEMM.
+        gather_output: all-gather the output along the last dim (every rank gets
+            ``(..., out_features)``; its loss is then counted once). Default: this rank's
+            ``(..., out_features / N)``.
+        overlap: hide communication (see :class:`commlib.nn.ColumnParallelLinear`); the result
+            is the same either way, within float rounding.
+
+    Returns:
+        ``(..., out_features / N)`` (``(s, ..., out_features / N)`` with sequence_parallel), or
+        the gathered ``out_features`` with ``gather_output=True``.
+
+    Example (2 ranks, ``w`` the dense ``(4, 3)`` weight, ``x`` ``(5, 3)`` on both)::
+
+        y = column_parallel_linear(x, w[2 * rank:2 * rank + 2])   # rank r: (x @ w.T)[:, 2r:2r+2]
+    """
+    return _column_linear("nn.functional.column_parallel_linear", x, weight, bias, group,
+                          gather_output, sequence_parallel, overlap)
+
+
+def row_parallel_linear(x, weight, bias=None, *, group=None, input_is_parallel: bool = True,
+                        sequence_parallel: bool = False, overlap: bool = True,
+                        overlap_chunks: int | None = None) -> torch.Tensor:
+    """``x @ weight.T + bias`` for a weight sharded by input features (Megatron's row-parallel
+    linear): ``weight`` is this rank's ``(out_features, in_features / N)`` columns, ``bias`` the
+    whole ``(out_features,)`` (replicated), added once after the reduction.
+
+    Args:
+        x: this rank's ``(..., in_features / N)`` features (``input_is_parallel=True``, e.g. a
+            column-parallel layer's output), or the replicated ``(..., in_features)``, which the
+            function splits (its gradient is all-gathered back).
+        sequence_parallel: reduce-scatter the output along dim 0 (the sequence, whose length must
+            divide by N): this rank gets rows ``[r s/N, (r+1) s/N)``, and the total loss is the
+            sum of the ranks' losses. Default: all-reduce, every rank gets the whole output.
+        overlap: hide communication (see :class:`commlib.nn.RowParallelLinear`).
+        overlap_chunks: row chunks of the GEMM whose all-reduces overlap the next chunk's GEMM
+            (``sequence_parallel=False``, ``overlap=True``); default
+            :data:`DEFAULT_OVERLAP_CHUNKS`.
+
+    Example (2 ranks, ``w`` the dense ``(4, 6)`` weight, ``x`` ``(5, 6)``)::
+
+        y = row_parallel_linear(x[:, 3 * rank:3 * rank + 3], w[:, 3 * rank:3 * rank + 3], b)
+        # every rank: x @ w.T + b
+    """
+    return _row_linear("nn.functional.row_parallel_linear", x, weight, bias, group,
+                       input_is_parallel, sequence_parallel, overlap, overlap_chunks)

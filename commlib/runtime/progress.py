@@ -20,7 +20,9 @@ Every operation is a generator that yields lists of backend handles and finishes
   ``COMMLIB_PROGRESS_MAX_US`` while nothing completes (MPI: MPICH moves data only inside its
   calls, and its own asynchronous-progress thread spins a core). docs/overlap.md has the
   measurements behind this choice. The thread holds the GIL only while it tests handles and
-  runs an operation's next step; torch compute releases the GIL.
+  runs an operation's next step; torch compute releases the GIL. Engines that cannot be driven
+  from a second thread (``Backend.progress_in_thread`` False: the GPU engines, whose current
+  stream is per thread) are left to the caller's thread; their device work runs on its own.
 
 Each ``Work`` has a lock: whichever thread advances it holds it (the caller's ``wait`` blocks on
 it, the progress thread only tries it), so one generator never runs in two threads. Engines are
@@ -278,7 +280,7 @@ def start(gen: Generator, finish, keep, group, what: str, seq: int, async_op: bo
         work = Work(gen, finish, keep, group, what, seq, group.timeout)
         if not work._done:
             _PENDING.append(work)
-            if _PROGRESS.on:
+            if _PROGRESS.on and group.backend.progress_in_thread:
                 _PROGRESS.kick()
         return work
     if type(gen) is list:
@@ -339,7 +341,7 @@ class _Progress:
         hi = max(lo, config.get("progress_max_us") * 1e-6)
         interval = lo
         while not self._stop:
-            pending = tuple(_PENDING)
+            pending = tuple(w for w in _PENDING if w._group.backend.progress_in_thread)
             if not pending:
                 self._wake.wait()
                 self._wake.clear()
