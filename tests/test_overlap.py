@@ -24,7 +24,8 @@ RATE = MatmulRate(1e10, 5e-6, "test")
 
 
 def _t(c, p, rows, width, itemsize, flops_per_row, link=LINK, rate=RATE):
-    """T(c) written out from the docs' formula, independently of the planner."""
+    """T(c) (c >= 1, transfers and matmuls concurrent) written out from the docs' formula,
+    independently of the planner."""
     r = -(-rows // c)
     t = link.alpha + r * width * itemsize * link.beta
     u = rate.call_s + r * flops_per_row / rate.flops_per_s + link.gamma * r * width * itemsize
@@ -32,19 +33,39 @@ def _t(c, p, rows, width, itemsize, flops_per_row, link=LINK, rate=RATE):
 
 
 @pytest.mark.timeout(30)
-def test_compute_bound_keeps_one_chunk():
-    """A big matmul over a short message: hiding the transfer needs no pieces; 1 chunk, and the
-    table prints every candidate with its prediction."""
+def test_compute_bound_does_not_decompose():
+    """A big matmul over a short message: the ring of one piece per block would hide the transfer,
+    but the plain all-gather then matmul is predicted within MIN_GAIN of it, so the plan does not
+    decompose (0 chunks, no messages of its own); the table prints every candidate."""
     pl = plan("all_gather_matmul", (1024, 1024), (1024, 4096), torch.float32, 4, LINK, RATE)
-    assert pl.chunks == 1 and pl.pieces == ((0, 1024),) and pl.sends == 3
-    assert [c.chunks for c in pl.candidates] == [1, 2, 4, 8, 16, 32, 64]
-    for c in pl.candidates:
+    assert pl.chunks == 0 and pl.pieces == () and pl.sends == 0
+    assert [c.chunks for c in pl.candidates] == [0, 1, 2, 4, 8, 16, 32, 64]
+    ring = pl.candidates[1:]
+    for c in ring:
         assert c.total_s == pytest.approx(_t(c.chunks, 4, 1024, 1024, 4, 2 * 1024 * 4096))
-    assert pl.candidates[0].compute_s > pl.candidates[0].comm_s  # compute-bound
+    assert min(ring, key=lambda c: c.total_s).chunks == 1
+    assert ring[0].compute_s > ring[0].comm_s  # compute-bound
+    plain = pl.candidates[0]  # a ring of the link (no group: the planner's default), one matmul
+    u = RATE.call_s + 4 * 1024 * 2 * 1024 * 4096 / RATE.flops_per_s
+    assert plain.total_s == pytest.approx(3 * (LINK.alpha + 1024 * 1024 * 4 * LINK.beta) + u)
+    assert plain.total_s <= ring[0].total_s * (1 + MIN_GAIN)
     text = str(pl)
     assert "all_gather_matmul: a_shard (1024, 1024) @ b (1024, 4096), float32, 4 ranks" in text
-    assert text.count("<- chosen") == 1 and "chosen: 1 chunk: the fastest predicted" in text
-    assert "compute-bound" in text and "T(c) = max(u + (p-1)*c*t, p*c*u)" in text
+    assert text.count("<- chosen") == 1 and "not predicted to gain more" in text
+    assert "T(c) = max(u + (p-1)*c*t, p*c*u)" in text
+
+
+@pytest.mark.timeout(30)
+def test_shared_cores_never_decompose():
+    """Where transfers are copies by the cores that compute (serial), pieces only add: the plan
+    runs the plain collective even on the slow link where it would cut pieces otherwise."""
+    slow = LinkCost(2e-6, 1e-9)
+    pl = plan("all_gather_matmul", (4096, 256), (256, 8), torch.float32, 4, slow, RATE,
+              serial=True)
+    assert pl.chunks == 0 and pl.sends == 0, str(pl)
+    for c in pl.candidates[1:]:
+        assert c.total_s == pytest.approx(c.compute_s + 3 * c.chunks * c.hop_s)
+    assert "take turns on the same cores" in str(pl) and "cannot hide" in pl.why
 
 
 @pytest.mark.timeout(30)
@@ -59,6 +80,7 @@ def test_communication_bound_cuts_pieces():
     assert pl.chunks == min(c for c, t in totals.items() if t <= fastest * (1 + MIN_GAIN))
     assert pl.chunks == 4, str(pl)  # 16 is the fastest; 4 is within 5% of it, 2 is not
     assert totals[pl.chunks] < totals[1] * (1 - MIN_GAIN)
+    assert totals[0] > fastest * (1 + MIN_GAIN)  # the plain all-gather then matmul: slower
     assert pl.sends == 3 * pl.chunks and len(pl.pieces) == pl.chunks
     assert "below 1 chunk" in pl.why and "communication-bound" in pl.why
 
@@ -69,7 +91,7 @@ def test_reduce_scatter_prices_accumulators_in_the_accumulation_dtype():
     bfloat16 inputs; rows are the product's rows divided by the group size."""
     pl = plan("matmul_reduce_scatter", (2, 48, 64), (64, 32), torch.bfloat16, 3, LINK, RATE, 1)
     assert pl.rows == 2 * 48 // 3 and pl.message_bytes == pl.rows * 32 * 4
-    c = pl.candidates[0]
+    c = pl.candidates[1]
     assert c.total_s == pytest.approx(_t(1, 3, 32, 32, 4, 2 * 64 * 32))
     assert "matmul_reduce_scatter: a (2, 48, 64) @ b (64, 32), bfloat16, 3 ranks, scatter_dim=1" \
         in str(pl)
@@ -79,6 +101,8 @@ def test_reduce_scatter_prices_accumulators_in_the_accumulation_dtype():
 @pytest.mark.parametrize("rows,chunks", [(10, 3), (7, 7), (64, 64), (5, 1)])
 def test_forced_pieces_tile_the_rows(rows, chunks):
     pl = plan("all_gather_matmul", (rows, 8), (8, 8), torch.float64, 2, LINK, RATE, 0, chunks)
+    assert plan("all_gather_matmul", (rows, 8), (8, 8), torch.float64, 2, LINK, RATE, 0,
+                0).chunks == 0  # forced: no decomposition
     assert pl.chunks == chunks and pl.why.startswith(f"forced (chunks={chunks})")
     assert pl.pieces[0][0] == 0 and pl.pieces[-1][1] == rows
     assert all(a[1] == b[0] for a, b in zip(pl.pieces, pl.pieces[1:]))

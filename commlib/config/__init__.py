@@ -48,6 +48,13 @@ def _parse_progress(text: str) -> str:
     return mode
 
 
+def _parse_nice(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 19:
+        raise ValueError("must be a niceness from 0 to 19")
+    return value
+
+
 def _parse_positive_int(text: str) -> int:
     value = int(text)
     if value <= 0:
@@ -211,6 +218,11 @@ OPTIONS: dict[str, Option] = {
                "`thread` (default): a progress thread advances them, sleeping in the engine or "
                "between passes, never spinning (docs/overlap.md). `wait`: only inside "
                "`Work.wait()`, `Work.is_completed()` and other commlib calls."),
+        Option("progress_nice", 19, _parse_nice,
+               "Niceness of the progress thread serving groups on one host (Linux). Their "
+               "progress is copying on the cores the compute uses: at 19 it takes the room the "
+               "compute leaves instead of a core (measured in docs/overlap.md). Groups across "
+               "hosts are served by a thread at normal priority."),
         Option("progress_min_us", 50, _parse_positive_int,
                "The progress thread's first pause, in microseconds, after a pass that completed "
                "nothing; it doubles up to `COMMLIB_PROGRESS_MAX_US` while nothing completes."),

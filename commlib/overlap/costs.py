@@ -19,10 +19,12 @@ import torch
 
 import commlib
 
+from ..tuning import explain_call
 from ..tuning.model import DEFAULT_LINKS, LinkCost
 from .plan import MatmulRate
 
-__all__ = ["p2p_link", "agreed_rate", "known_rate", "measure", "MEASURE_N", "PIECE_OVERHEAD_S"]
+__all__ = ["p2p_link", "plain_seconds", "shares_cores", "agreed_rate", "known_rate", "measure",
+           "MEASURE_N", "PIECE_OVERHEAD_S"]
 
 # Square operands of the rate measurement (2·N³ flops: 14 MFLOP, ~0.3 ms in float32 on one
 # core), and of the call-cost measurement (a matmul that costs nothing but its call).
@@ -48,6 +50,27 @@ def p2p_link(group, device: str) -> tuple[LinkCost, str]:
         return DEFAULT_LINKS["shm"], "no cost model for this engine: commlib's default shm step"
     spans = table.inter is not None and table.local is not None and table.local < group.size
     return table.flat_link(group.size), f"{'inter-host' if spans else 'p2p'} step, {model.source}"
+
+
+def plain_seconds(group, collective: str, nbytes: int, dtype: torch.dtype, device: str,
+                  link: LinkCost) -> tuple[float, str]:
+    """The predicted time of the plain collective (``"all_gather"`` of ``nbytes`` out, or
+    ``"reduce_scatter"`` of ``nbytes`` in) on ``group``: the algorithm commlib's selection would
+    run and the model's time for it; without a model, a ring of the flat link."""
+    exp = explain_call(collective, nbytes, group, dtype, device)
+    for row in exp.rows:
+        if row.algorithm == exp.chosen:
+            return row.seconds, f"{collective} {exp.chosen}, {exp.source}"
+    p = group.size
+    return (p - 1) * link.step(nbytes / p), f"{collective} as a ring of the flat link"
+
+
+def shares_cores(group, device: str) -> bool:
+    """Whether communication on ``group`` is copying by the cores that also compute: CPU tensors
+    on a group whose ranks share one host (shared memory, or the engine's own). There nothing is
+    hidden: a piece's transfer and a piece's matmul take turns on the same cores."""
+    layout = getattr(group.resources, "layout", None)
+    return device == "cpu" and layout is not None and len(layout.hosts) == 1
 
 
 def _sync(device: torch.device) -> None:

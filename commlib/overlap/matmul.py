@@ -17,10 +17,10 @@ from torch.autograd.function import once_differentiable
 
 from ..api.groups import resolve_group
 from ..errors import CommError, CommTypeError, CommUnsupportedError, arg_error
-from ..ops import ReduceOp, dtype_name, to_reduce_op
+from ..ops import ReduceOp, accumulation_dtype, dtype_name, to_reduce_op
 from ..runtime import debug
 from . import ring
-from .costs import agreed_rate, known_rate, p2p_link
+from .costs import agreed_rate, known_rate, p2p_link, plain_seconds, shares_cores
 from .plan import KINDS, MAX_CHUNKS, OverlapPlan, plan
 
 __all__ = ["all_gather_matmul", "matmul_reduce_scatter", "plan_all_gather_matmul",
@@ -127,9 +127,10 @@ def _chunks(fn: str, chunks, rows: int) -> int | None:
     if chunks is None:
         return None
     top = min(MAX_CHUNKS, max(rows, 1))
-    if isinstance(chunks, bool) or not isinstance(chunks, int) or not 1 <= chunks <= top:
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or not 0 <= chunks <= top:
         raise arg_error(fn, "chunks", chunks,
-                        f"must be None or an int from 1 to {top} (the rows of a block, "
+                        f"must be None or an int from 0 (no decomposition: the plain "
+                        f"collective, then the matmul) to {top} (the rows of a block, "
                         f"{rows}, and at most {MAX_CHUNKS})",
                         "pass None to let the cost model choose")
     return chunks
@@ -155,8 +156,16 @@ def _plan(kind: str, g, a_shape, b_shape, dtype, device, dim: int, chunks, agree
     device = torch.device(device)
     link, source = p2p_link(g, device.type)
     rate = (agreed_rate if agree else known_rate)(g, dtype, device)
+    rows = _rows(kind, a_shape, g.size)
+    if kind == KINDS[0]:  # the plain all-gather's output, in a's dtype
+        nbytes, collective = g.size * rows * a_shape[-1] * dtype.itemsize, "all_gather"
+    else:  # the plain reduce-scatter's input: the product in the accumulation dtype
+        nbytes = g.size * rows * b_shape[1] * accumulation_dtype(dtype).itemsize
+        collective = "reduce_scatter"
+    plain_s, plain_source = (plain_seconds(g, collective, nbytes, dtype, device.type, link)
+                             if g.size > 1 else (0.0, "one rank"))
     return plan(kind, tuple(a_shape), tuple(b_shape), dtype, g.size, link, rate, dim, chunks,
-                source)
+                source, plain_s, plain_source, shares_cores(g, device.type))
 
 
 def _plan_entry(kind: str, fn: str, a_arg: str, dim_arg: str, a_shape, b_shape, dtype, group,
@@ -240,7 +249,8 @@ def _run_gather(g, shard: torch.Tensor, b: torch.Tensor | None, dim: int, chunks
     b_shape = tuple(b.shape) if b is not None else b_shape
     pl = _plan("all_gather_matmul", g, shard.shape, b_shape, shard.dtype, shard.device, dim,
                chunks, agree=True)
-    gathered, products = ring.gather_matmul(g, pl, shard.contiguous(), b)
+    run = ring.gather_matmul if pl.chunks else ring.gather_then_matmul
+    gathered, products = run(g, pl, shard.contiguous(), b)
     return _gathered(gathered, dim), (None if products is None else _gathered(products, dim))
 
 
@@ -249,8 +259,8 @@ def _run_scatter(g, a: torch.Tensor, b: torch.Tensor, dim: int, op: ReduceOp, ch
     p = g.size
     pl = _plan("matmul_reduce_scatter", g, a.shape, b.shape, a.dtype, a.device, dim, chunks,
                agree=True)
-    out = ring.matmul_scatter(g, pl, _split(a, dim, p), b,
-                              None if addend is None else _split(addend, dim, p))
+    run = ring.matmul_scatter if pl.chunks else ring.matmul_then_scatter
+    out = run(g, pl, _split(a, dim, p), b, None if addend is None else _split(addend, dim, p))
     divisor = OPS[op](p)
     if divisor != 1:
         out.div_(divisor)

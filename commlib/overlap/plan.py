@@ -17,10 +17,15 @@ the reduce-scatter)::
                p·c·u(c))               # compute-bound: every piece's matmul back to back
 
 With ``c = 1`` that is the step model of a ring that overlaps one block's transfer with one
-block's matmul: ``(p-1)·max(U, T) + U``. The candidates are ``c = 1, 2, 4, ...`` up to
-:data:`MAX_CHUNKS` and the rows of a block; the plan takes the fewest pieces whose ``T(c)`` is
-within :data:`MIN_GAIN` of the smallest (a prediction's error is larger than a few percent, and
-every piece is a message more).
+block's matmul: ``(p-1)·max(U, T) + U``. Where transfers are copies by the same cores that
+compute (CPU tensors, ranks on one host: ``serial``), nothing overlaps and the two add up:
+``T(c) = p·c·u + (p-1)·c·t``. Candidate ``c = 0`` is no decomposition at all: commlib's own
+collective (whatever its selection runs: shared memory on one host, hierarchical across hosts),
+then one matmul, ``T(0) = collective + U`` from the same cost model. The candidates are ``c = 0,
+1, 2, 4, ...`` up to :data:`MAX_CHUNKS` and the rows of a block; the plan takes the fewest pieces
+whose ``T(c)`` is within :data:`MIN_GAIN` of the smallest (a prediction's error is larger than a
+few percent, and every piece is a message more), so it decomposes only where overlap is
+predicted to gain more than that.
 
 Every rank must run the same plan (a ring whose ranks cut blocks differently never matches its
 messages), so the inputs are ones every rank shares: the shapes (the same on every rank), the
@@ -67,7 +72,9 @@ class MatmulRate(NamedTuple):
 
 class Candidate(NamedTuple):
     """One chunk count's prediction: a piece's bytes, its hop ``t``, its matmul ``u``, the two
-    bounds of ``T(c)`` (``comm_s = u + (p-1)·c·t``, ``compute_s = p·c·u``) and ``total_s``."""
+    bounds of ``T(c)`` (``comm_s = u + (p-1)·c·t``, ``compute_s = p·c·u``) and ``total_s``.
+    Chunks 0 (no decomposition): the whole message, the collective's time as ``hop_s`` and
+    ``comm_s``, the one matmul as ``matmul_s`` and ``compute_s``, their sum as ``total_s``."""
 
     chunks: int
     piece_bytes: int
@@ -104,6 +111,8 @@ class OverlapPlan:
     why: str
     link: str
     rate: str
+    plain: str = ""
+    serial: bool = False
 
     @property
     def recvs(self) -> int:
@@ -122,16 +131,21 @@ class OverlapPlan:
             f"{self.sends} and receives {self.recvs} messages",
             f"  link: {self.link}",
             f"  matmul: {self.rate}",
-            "  T(c) = max(u + (p-1)*c*t, p*c*u); t: one piece's hop, u: one piece's matmul",
+            f"  plain (chunks 0): {self.plain}",
+            ("  T(c) = p*c*u + (p-1)*c*t (transfers and matmuls take turns on the same cores)"
+             if self.serial else "  T(c) = max(u + (p-1)*c*t, p*c*u)")
+            + "; t: one piece's hop, u: one piece's matmul; T(0) = collective + matmul",
             f"  {'chunks':>6} {'piece B':>10} {'t (hop)':>11} {'u (matmul)':>11} "
             f"{'u+(p-1)ct':>11} {'p*c*u':>11} {'T(c)':>11}",
         ]
         for c in self.candidates:
             mark = "  <- chosen" if c.chunks == self.chunks else ""
-            lines.append(f"  {c.chunks:>6} {c.piece_bytes:>10} {c.hop_s * us:>8.1f} us "
+            lines.append(f"  {c.chunks if c.chunks else '0 plain':>6} {c.piece_bytes:>10} {c.hop_s * us:>8.1f} us "
                          f"{c.matmul_s * us:>8.1f} us {c.comm_s * us:>8.1f} us "
                          f"{c.compute_s * us:>8.1f} us {c.total_s * us:>8.1f} us{mark}")
-        lines.append(f"  chosen: {self.chunks} chunk{'s' * (self.chunks != 1)}: {self.why}")
+        chosen = (f"{self.chunks} chunk{'s' * (self.chunks != 1)}" if self.chunks
+                  else "no decomposition (the plain collective, then the matmul)")
+        lines.append(f"  chosen: {chosen}: {self.why}")
         return "\n".join(lines)
 
 
@@ -141,17 +155,23 @@ def piece_bounds(rows: int, chunks: int) -> tuple[tuple[int, int], ...]:
 
 
 def _predict(c: int, p: int, rows: int, width: int, itemsize: int, flops_per_row: int,
-             link: LinkCost, rate: MatmulRate, add_per_byte: float) -> Candidate:
+             link: LinkCost, rate: MatmulRate, add_per_byte: float, serial: bool,
+             plain_s: float) -> Candidate:
+    if c == 0:  # the plain collective, then one matmul of every block
+        message = rows * width * itemsize
+        u = rate.seconds(p * rows * flops_per_row) + add_per_byte * p * message
+        return Candidate(0, message, plain_s, u, plain_s, u, plain_s + u)
     r = -(-rows // c)  # the largest piece
     piece = r * width * itemsize
     t = link.step(piece)
     u = rate.seconds(r * flops_per_row) + add_per_byte * piece
     comm, compute = u + (p - 1) * c * t, p * c * u
-    return Candidate(c, piece, t, u, comm, compute, max(comm, compute))
+    total = compute + (p - 1) * c * t if serial else max(comm, compute)
+    return Candidate(c, piece, t, u, comm, compute, total)
 
 
 def _candidates(rows: int, forced: int | None) -> list[int]:
-    out, c = [], 1
+    out, c = [0], 1
     while c <= min(MAX_CHUNKS, max(rows, 1)):
         out.append(c)
         c *= 2
@@ -163,11 +183,14 @@ def _candidates(rows: int, forced: int | None) -> list[int]:
 @functools.lru_cache(maxsize=1024)
 def plan(kind: str, a_shape: tuple[int, ...], b_shape: tuple[int, ...], dtype: torch.dtype,
          size: int, link: LinkCost, rate: MatmulRate, dim: int = 0, chunks: int | None = None,
-         link_source: str = "") -> OverlapPlan:
+         link_source: str = "", plain_s: float | None = None, plain_source: str = "",
+         serial: bool = False) -> OverlapPlan:
     """The plan of ``kind`` (one of :data:`KINDS`) for these checked shapes (``a_shape`` the
     shard for all_gather_matmul, the whole ``a`` for matmul_reduce_scatter; ``b_shape`` 2-D;
-    ``dim`` non-negative, not the last) on ``size`` ranks: ``chunks`` forced, or chosen by
-    ``T(c)`` (module docstring). Pure and cached."""
+    ``dim`` non-negative, not the last) on ``size`` ranks: ``chunks`` forced (0: no
+    decomposition), or chosen by ``T(c)`` (module docstring). ``plain_s``: the plain collective's
+    predicted time (default: a ring of ``link``); ``serial``: transfers and matmuls share the
+    cores. Pure and cached."""
     if kind not in KINDS:
         raise ValueError(f"unknown collective matmul {kind!r}; one of {KINDS}")
     k, n = b_shape
@@ -184,7 +207,11 @@ def plan(kind: str, a_shape: tuple[int, ...], b_shape: tuple[int, ...], dtype: t
                  f"{f' ({link_source})' if link_source else ''}")
     rate_text = (f"{rate.flops_per_s / 1e9:.2f} GFLOP/s + {rate.call_s * 1e6:.1f} us a call "
                  f"({rate.source})")
-    cands = tuple(_predict(c, size, rows, width, itemsize, flops_per_row, link, rate, add)
+    if plain_s is None:
+        plain_s = (size - 1) * link.step(message) + (size - 1) * message * add
+        plain_source = plain_source or "a ring of the link"
+    cands = tuple(_predict(c, size, rows, width, itemsize, flops_per_row, link, rate, add,
+                           serial, plain_s)
                   for c in _candidates(rows, chunks))
     by_chunks = {c.chunks: c for c in cands}
     if size == 1 or message == 0:
@@ -201,18 +228,23 @@ def plan(kind: str, a_shape: tuple[int, ...], b_shape: tuple[int, ...], dtype: t
         else:
             fastest = min(cands, key=lambda x: x.total_s)
             best = next(x for x in cands if x.total_s <= fastest.total_s * (1 + MIN_GAIN))
-            one = cands[0]
+            one = by_chunks[1]
             if best is fastest:
                 why = "the fastest predicted"
             else:
                 why = (f"the fewest within {MIN_GAIN:.0%} of the fastest ({fastest.chunks} "
                        f"chunks, {fastest.total_s * 1e6:.1f} us)")
-            if best is not one:
+            if best.chunks and best is not one:
                 why += (f"; {(1 - best.total_s / one.total_s):.0%} below 1 chunk "
                         f"({one.total_s * 1e6:.1f} us)")
-        bound = "communication" if best.comm_s >= best.compute_s else "compute"
-        why += f"; {bound}-bound"
+            if not best.chunks:
+                why += ("; overlap cannot hide the transfers here (they use the cores that "
+                        "compute)" if serial else "; overlap is not predicted to gain more")
+        if best.chunks:
+            bound = "communication" if best.comm_s >= best.compute_s else "compute"
+            why += f"; {bound}-bound"
         sends = (size - 1) * best.chunks
+    plain_text = f"{plain_s * 1e6:.1f} us ({plain_source})"
     return OverlapPlan(kind, tuple(a_shape), tuple(b_shape), dtype, size, dim, rows, best.chunks,
-                       piece_bounds(rows, best.chunks), message, sends, cands, why, link_text,
-                       rate_text)
+                       piece_bounds(rows, best.chunks) if best.chunks else (), message, sends,
+                       cands, why, link_text, rate_text, plain_text, serial)

@@ -27,7 +27,8 @@ import commlib
 from ..ops import accumulation_dtype
 from .plan import OverlapPlan
 
-__all__ = ["gather_matmul", "matmul_scatter", "TAG_GATHER", "TAG_SCATTER"]
+__all__ = ["gather_matmul", "gather_then_matmul", "matmul_scatter", "matmul_then_scatter",
+           "TAG_GATHER", "TAG_SCATTER"]
 
 # User-channel tags of the pieces (+ the piece index, below MAX_CHUNKS = 64): high in the
 # 0..32767 range every engine allows, away from the small tags programs use for their own
@@ -156,4 +157,33 @@ def matmul_scatter(group, plan: OverlapPlan, blocks: torch.Tensor, b: torch.Tens
             sends = _drain(sends)
     for w in sends:
         w.wait()
+    return result
+
+
+# ----- no decomposition (a plan of 0 chunks) ------------------------------------------------------
+# Where overlap cannot pay (the transfers are copies by the cores that compute, or too small to
+# hide anything), the plan runs commlib's own collective (its selection: shared memory on one
+# host, hierarchical across hosts) and one matmul. Same arguments and results as above.
+@torch.no_grad()
+def gather_then_matmul(group, plan: OverlapPlan, shard: torch.Tensor, b: torch.Tensor | None):
+    gathered = shard.new_empty((group.size, *shard.shape))
+    commlib.all_gather_into_tensor(gathered.view(-1), shard.reshape(-1), group=group)
+    products = None
+    if b is not None:
+        products = torch.matmul(gathered.view(group.size, plan.rows, shard.shape[-1]), b)
+        products = products.view(group.size, *shard.shape[:-1], b.shape[1])
+    return gathered, products
+
+
+@torch.no_grad()
+def matmul_then_scatter(group, plan: OverlapPlan, blocks: torch.Tensor, b: torch.Tensor,
+                        addend: torch.Tensor | None = None) -> torch.Tensor:
+    acc = accumulation_dtype(blocks.dtype)
+    product = torch.matmul(blocks, b)
+    if product.dtype != acc:
+        product = product.to(acc)
+    if addend is not None:
+        product.add_(addend)
+    result = product.new_empty(product.shape[1:])
+    commlib.reduce_scatter_tensor(result.view(-1), product.reshape(-1), group=group)
     return result

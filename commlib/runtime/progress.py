@@ -10,19 +10,22 @@ Every operation is a generator that yields lists of backend handles and finishes
   and nothing else pending it blocks in the engine instead. While one operation waits, every
   other pending asynchronous operation is advanced too, so ranks that wait on asynchronous
   multi-step operations in different orders cannot deadlock.
-* the **progress thread** (:class:`_Progress`, one per process, started with the first
-  asynchronous operation; ``COMMLIB_PROGRESS=thread``, the default) advances pending ``Work``s
-  while the caller's thread computes, so that communication issued with ``async_op=True``
-  overlaps compute. It never spins: when a pass over the pending works completes nothing, it
-  blocks in the engine where the engine can wait without spinning (a shared-memory step sleeps
-  in a futex until the lagging peer publishes; a gloo transfer waits on its waiter thread's
-  event), and otherwise sleeps between passes, from ``COMMLIB_PROGRESS_MIN_US`` doubling to
-  ``COMMLIB_PROGRESS_MAX_US`` while nothing completes (MPI: MPICH moves data only inside its
-  calls, and its own asynchronous-progress thread spins a core). docs/overlap.md has the
-  measurements behind this choice. The thread holds the GIL only while it tests handles and
-  runs an operation's next step; torch compute releases the GIL. Engines that cannot be driven
-  from a second thread (``Backend.progress_in_thread`` False: the GPU engines, whose current
-  stream is per thread) are left to the caller's thread; their device work runs on its own.
+* the **progress threads** advance pending ``Work``s while the caller's thread computes, so that
+  communication issued with ``async_op=True`` overlaps compute (``COMMLIB_PROGRESS=thread``, the
+  default; started with the first asynchronous operation). They never spin: when a pass over the
+  pending works completes nothing, a thread blocks in the engine where the engine can wait
+  without spinning (a shared-memory step sleeps in a futex until the lagging peer publishes; a
+  gloo transfer waits on its waiter thread's event), and otherwise sleeps between passes, from
+  ``COMMLIB_PROGRESS_MIN_US`` doubling to ``COMMLIB_PROGRESS_MAX_US`` while nothing completes
+  (MPI moves data only inside its calls, and MPICH's own asynchronous-progress thread spins a
+  core). Two threads, two lanes (:class:`_Lanes`): groups on one host are served by a niced
+  thread, since their progress is copying on the cores the compute uses; groups across hosts by
+  a thread at normal priority, which must answer the network promptly. A thread holds the GIL
+  only while it tests handles and runs an operation's next step (torch compute releases the
+  GIL), and stays off while the caller's thread drives operations itself (``_DRIVING``).
+  Engines that cannot be driven from a second thread (``Backend.progress_in_thread`` False: the
+  GPU engines, whose current stream is per thread) are left to the caller's thread; their
+  device work runs on its own. docs/overlap.md has the measurements behind these choices.
 
 Each ``Work`` has a lock: whichever thread advances it holds it (the caller's ``wait`` blocks on
 it, the progress thread only tries it), so one generator never runs in two threads. Engines are
@@ -75,9 +78,22 @@ def _expire(group, what: str, seq: int, limit: float):
     raise CommTimeoutError(message)
 
 
+# Held by the caller's thread while it drives operations (and advances every pending one), so
+# that the progress thread stays off meanwhile instead of competing for the GIL; and by the
+# progress thread for each pass over the pending operations.
+_DRIVING = threading.Lock()
+
+
 def drive(gen, handles, group, what: str, seq: int, limit: float | None, me=None):
     """Complete ``gen`` (currently waiting on ``handles``); return its value. ``gen`` None: a
     one-step operation, done when ``handles`` are."""
+    if not _PENDING:  # the latency path: no asynchronous operation, no progress thread at work
+        return _drive(gen, handles, group, what, seq, limit, me)
+    with _DRIVING:
+        return _drive(gen, handles, group, what, seq, limit, me)
+
+
+def _drive(gen, handles, group, what: str, seq: int, limit: float | None, me):
     backend = group.backend
     try:
         if limit is None and not (_PENDING and any(w is not me for w in _PENDING)):
@@ -130,7 +146,7 @@ class Work:
     """Handle of an operation, as returned with ``async_op=True`` (torch.distributed's ``Work``)."""
 
     __slots__ = ("_gen", "_fin", "_keep", "_handles", "_group", "_what", "_seq", "_done",
-                 "_result", "_timeout", "_lock", "_error", "_steps")
+                 "_result", "_timeout", "_lock", "_error", "_steps", "_lane")
 
     def __init__(self, gen: Generator, finish, keep, group, what: str, seq: int,
                  timeout: float | None):
@@ -144,6 +160,7 @@ class Work:
         self._error: BaseException | None = None
         self._steps = 0  # steps completed: the progress thread's measure of progress
         self._lock = threading.Lock()  # held by the thread advancing it
+        self._lane = lane_of(group)  # the progress thread that serves it
         try:
             self._handles = next(gen)  # post the first step now
         except StopIteration as done:
@@ -244,7 +261,7 @@ class _Completed(Work):
 
     def __init__(self, result=None):
         self._done, self._result, self._handles, self._fin, self._keep = True, result, None, None, None
-        self._error = None
+        self._error, self._lane = None, None
 
     def __repr__(self) -> str:
         return "<commlib.Work (completed)>"
@@ -280,8 +297,8 @@ def start(gen: Generator, finish, keep, group, what: str, seq: int, async_op: bo
         work = Work(gen, finish, keep, group, what, seq, group.timeout)
         if not work._done:
             _PENDING.append(work)
-            if _PROGRESS.on and group.backend.progress_in_thread:
-                _PROGRESS.kick()
+            if _PROGRESS.on and work._lane is not None:
+                _PROGRESS.threads[work._lane].kick()
         return work
     if type(gen) is list:
         handles, gen = gen, None
@@ -299,58 +316,68 @@ def start(gen: Generator, finish, keep, group, what: str, seq: int, async_op: bo
 
 
 def _idle(work: Work, seconds: float) -> None:
-    """Wait up to ``seconds`` for ``work`` to make progress without spinning: in the engine where
-    its handle can wait that way (``wait_for``: a shared-memory step sleeps until the lagging peer
-    publishes, a gloo transfer on its waiter's event), else asleep (an MPI request, whose data
-    moves only inside MPI calls). An error met here is raised again by the next poll, which
-    stores it in the Work."""
-    try:
-        for h in work._handles or ():
-            wait_for = getattr(h, "wait_for", None)
-            if wait_for is None:
-                break
+    """Wait up to ``seconds`` for ``work`` to make progress, always blocking, never spinning: in
+    the engine where its pending handle can wait that way (``wait_for``: a shared-memory step
+    sleeps until the lagging peer publishes, a gloo transfer on its waiter's event), else asleep
+    (an MPI request, whose data moves only inside MPI calls). An error met here is raised again
+    by the next poll, which stores it in the Work."""
+    for h in work._handles or ():
+        wait_for = getattr(h, "wait_for", None)
+        if wait_for is None:
+            break
+        try:
             if not wait_for(seconds):
-                return
-        else:
-            return  # every handle can wait and is done: the next pass advances the work
-    except BaseException:  # noqa: BLE001 - the next poll raises it where it is stored
-        return
+                return  # it blocked until the peer moved, or for ``seconds``
+        except BaseException:  # noqa: BLE001 - the next poll raises it where it is stored
+            return
     time.sleep(seconds)
 
 
 class _Progress:
-    """The progress thread: advances pending ``Work``s while the caller's thread computes (see the
-    module docstring). Started by the first asynchronous operation, stopped by ``finalize``."""
+    """A progress thread: advances the pending ``Work``s of its lane while the caller's thread
+    computes (see the module docstring). Started by the lane's first asynchronous operation,
+    stopped by ``finalize``. ``nice``: the thread's niceness (Linux; 0 elsewhere)."""
 
-    def __init__(self):
+    def __init__(self, lane: str, nice: int):
+        self.lane, self.nice = lane, nice
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._stop = False
-        self.on = config.get("progress") == "thread"
 
     def kick(self) -> None:
         if self._thread is None:
             self._stop = False
-            self._thread = threading.Thread(target=self._run, name="commlib-progress", daemon=True)
+            self._thread = threading.Thread(target=self._run, name=f"commlib-progress-{self.lane}",
+                                            daemon=True)
             self._thread.start()
-        self._wake.set()
+        if not self._wake.is_set():
+            self._wake.set()
 
     def _run(self) -> None:
         torch.set_grad_enabled(False)  # communication is not differentiated (and per thread)
+        if self.nice and hasattr(os, "setpriority") and hasattr(threading, "get_native_id"):
+            try:  # on Linux a thread is a task: this sets the thread's own niceness
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
+            except OSError:
+                pass
         lo = config.get("progress_min_us") * 1e-6
         hi = max(lo, config.get("progress_max_us") * 1e-6)
         interval = lo
+        lane = self.lane
         while not self._stop:
-            pending = tuple(w for w in _PENDING if w._group.backend.progress_in_thread)
+            pending = tuple(w for w in _PENDING if w._lane == lane)
             if not pending:
                 self._wake.wait()
                 self._wake.clear()
                 interval = lo
                 continue
-            steps = sum(w._steps for w in pending)
-            for w in pending:
-                w._advance()
-            if any(w._done for w in pending) or sum(w._steps for w in pending) != steps:
+            with _DRIVING:  # waits while the caller's thread drives (it advances them all)
+                steps = sum(w._steps for w in pending)
+                for w in pending:
+                    w._advance()
+                progressed = (any(w._done for w in pending)
+                              or sum(w._steps for w in pending) != steps)
+            if progressed:
                 interval = lo
                 continue
             _idle(pending[0], interval)
@@ -363,16 +390,44 @@ class _Progress:
             self._wake.set()
             thread.join(timeout=5)
             self._thread = None
+
+
+class _Lanes:
+    """The two progress threads. Operations of a group whose ranks share one host go to the
+    ``local`` thread, niced (``COMMLIB_PROGRESS_NICE``): their progress is copying (shared
+    memory, or the engine's own shared-memory path) on the cores the compute uses, so it runs
+    where the compute leaves room instead of taking a core from it. Operations of a group that
+    spans hosts go to the ``remote`` thread, at normal priority: it must answer the network
+    promptly and costs little CPU. Engines that cannot be driven from another thread
+    (``Backend.progress_in_thread`` False) get neither."""
+
+    def __init__(self):
+        self.on = config.get("progress") == "thread"
+        self.threads = {"local": _Progress("local", config.get("progress_nice")),
+                        "remote": _Progress("remote", 0)}
+
+    def stop(self) -> None:
+        for thread in self.threads.values():
+            thread.stop()
         self.on = config.get("progress") == "thread"
 
 
-_PROGRESS = _Progress()
+_PROGRESS = _Lanes()
+
+
+def lane_of(group) -> str | None:
+    """Which progress thread serves ``group``'s asynchronous operations: ``"local"``,
+    ``"remote"``, or None (its engine is driven from the caller's thread only)."""
+    if not group.backend.progress_in_thread:
+        return None
+    layout = getattr(group.resources, "layout", None)
+    return "remote" if layout is not None and len(layout.hosts) > 1 else "local"
 
 
 def shutdown() -> None:
-    """Stop the progress thread (``commlib.finalize``, and at exit, before the engines finalize);
+    """Stop the progress threads (``commlib.finalize``, and at exit, before the engines finalize);
     operations nobody waited for are abandoned with their buffers. The next asynchronous
-    operation starts it again."""
+    operation starts them again."""
     _PROGRESS.stop()
     for work in tuple(_PENDING):
         _ABANDONED.append((work._gen, work._handles, work._keep))

@@ -80,8 +80,9 @@ static PyObject *ShmOp_wait(ShmOp *op, PyObject *unused) {
 }
 
 /* wait_for(seconds): advance; if not done, sleep (futex, the GIL released) until the lagging
- * peer publishes a step or `seconds` pass, without spinning. True when done. For commlib's
- * progress thread, which must not take a core from the caller's compute. */
+ * peer publishes a step or `seconds` pass, without spinning; it always blocks when it returns
+ * False. True when done. For commlib's progress thread, which must not take a core (or the GIL)
+ * from the caller's compute. */
 static PyObject *ShmOp_wait_for(ShmOp *op, PyObject *arg) {
     double seconds = PyFloat_AsDouble(arg);
     if (seconds == -1.0 && PyErr_Occurred())
@@ -115,7 +116,13 @@ static PyObject *ShmOp_wait_for(ShmOp *op, PyObject *arg) {
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS
-    wait_for_peers(g, ns);
+    sleep_on t;
+    if (lagging_flag(g, &t)) {
+        word_sleep(t.word, t.waiters, t.need, ns);
+    } else { /* nothing to sleep on (this rank's own step is next): block briefly anyway */
+        struct timespec ts = {0, ns < 50000 ? ns : 50000};
+        nanosleep(&ts, NULL);
+    }
     Py_END_ALLOW_THREADS
     Py_RETURN_FALSE;
 }

@@ -265,8 +265,9 @@ def case_comm_pattern():
     assert (fwd[:1] if n > 1 else fwd) == ([("all_gather_matmul", False)] if n > 1 else []), fwd
     fwd, bwd = run_row(f64, True, True, True, True, 507)
     assert (fwd[:1] if n > 1 else fwd) == ([("matmul_reduce_scatter", False)] if n > 1 else []), fwd
-    if n > 1:  # the replicated bias's gradient, summed over the group after the rest
-        assert bwd[-1] == (ar, False), bwd
+    if n > 1:  # the replicated bias's gradient, summed over the group (the collective matmul
+        # itself may call the plain collectives: on one host its plan does not decompose)
+        assert (ar, False) in bwd, bwd
 
 
 def case_subgroup():
