@@ -53,8 +53,19 @@ static PyObject *ShmOp_test(ShmOp *op, PyObject *unused) {
         return NULL;
     if (!lock_try(&g->lock))
         Py_RETURN_FALSE; /* another thread is advancing the segment right now */
-    int done = progress(op);
-    lock_drop(&g->lock);
+    int done;
+    if (op->count * op->es >= CL_NOGIL_BYTES) {
+        /* copies worth a GIL release: the caller's thread computes meanwhile (the segment lock
+         * is dropped before the GIL is taken back: a thread holding the GIL may be waiting for
+         * it) */
+        Py_BEGIN_ALLOW_THREADS
+        done = progress(op);
+        lock_drop(&g->lock);
+        Py_END_ALLOW_THREADS
+    } else {
+        done = progress(op);
+        lock_drop(&g->lock);
+    }
     if (done) {
         sweep(g);
         Py_RETURN_TRUE;
@@ -97,15 +108,19 @@ static PyObject *ShmOp_wait_for(ShmOp *op, PyObject *arg) {
     if (check_usable(g) < 0)
         return NULL;
     long ns = seconds <= 0 ? 0 : seconds >= 0.5 ? 500000000L : (long)(seconds * 1e9);
-    if (!lock_try(&g->lock)) { /* another thread is advancing the segment: let it */
-        Py_BEGIN_ALLOW_THREADS
+    int done = 0, busy = 0;
+    Py_BEGIN_ALLOW_THREADS /* the copies run without the GIL: the caller's thread computes */
+    if (lock_try(&g->lock)) {
+        done = progress(op);
+        lock_drop(&g->lock);
+    } else { /* another thread is advancing the segment: let it */
         struct timespec ts = {0, ns < 100000 ? ns : 100000};
         nanosleep(&ts, NULL);
-        Py_END_ALLOW_THREADS
-        Py_RETURN_FALSE;
+        busy = 1;
     }
-    int done = progress(op);
-    lock_drop(&g->lock);
+    Py_END_ALLOW_THREADS
+    if (busy)
+        Py_RETURN_FALSE;
     if (done) {
         sweep(g);
         Py_RETURN_TRUE;

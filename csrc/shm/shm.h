@@ -38,6 +38,11 @@
 #define CL_LINE 128
 #define CL_MAGIC 0x31626c6d6d6f63ULL /* "commlb1" */
 
+/* ShmOp.test releases the GIL around its progress from this many bytes on (the progress thread
+ * tests large operations while the caller's thread computes; below, the release costs more than
+ * the copies). */
+#define CL_NOGIL_BYTES (64 * 1024)
+
 /* ----- the segment layout ------------------------------------------------------------------ */
 typedef struct {
     _Atomic uint64_t step;
