@@ -76,7 +76,12 @@ class Matmuls:
             torch.mm(self.a, self.b)
 
     def fit(self, seconds: float) -> None:
+        """Size the loop to last ``seconds`` on the slowest rank, measured with every rank busy
+        (ranks that share cores multiply slower together than one alone)."""
         self.k = max(1, round(seconds / self.one))
+        for _ in range(2):
+            took = statistics.median(timed(self.run) for _ in range(3))
+            self.k = max(1, round(self.k * seconds / took))
 
 
 def _impls(x: torch.Tensor, dist):
