@@ -18,16 +18,14 @@ and ``RowParallelLinear``; see ``docs/overlap.md``): :func:`column_parallel_line
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
 
 import commlib
 import commlib.overlap
-from commlib.runtime import debug
-from commlib.errors import CommError, CommTypeError, arg_error
-from commlib.api.groups import resolve_group
+from commlib.api.entry import checked_call
+from commlib.errors import CommTypeError, arg_error
 
 from ._layout import LAYOUTS, gather_order, global_chunks
 from ._plan import plan_ring
@@ -42,22 +40,6 @@ ALGORITHMS = {"ring": RingAttention, "rsa": RSAAttention}
 
 
 # ----- checks ----------------------------------------------------------------------------------
-@contextlib.contextmanager
-def _entry(fn: str, group):
-    """Validate a public call: yields (the group, a dict the checks fill with the call's
-    description). Under ``COMMLIB_DEBUG=1`` the ranks then compare descriptions (shapes, dtype,
-    layout, options) with one small all-gather, so ranks that disagree, or a rank whose own
-    checks failed, raise on every rank instead of hanging in the ring."""
-    g = resolve_group(group, fn)
-    call: dict = {}
-    try:
-        yield g, call
-    except CommError as exc:
-        if g.debug:
-            debug.agree(g, fn, "", error=exc)
-        raise
-    if g.debug:
-        debug.agree(g, fn, f"{fn}(" + ", ".join(f"{k}={v}" for k, v in call.items()) + ")")
 
 
 def _shapes(**tensors) -> dict:
@@ -191,7 +173,7 @@ def ring_attention(q, k, v, *, causal: bool = False, group=None, layout: str = "
         ``out`` shaped like q (and ``lse``): this rank's rows of the full-sequence attention.
     """
     fn = "nn.functional.ring_attention"
-    with _entry(fn, group) as (g, call):
+    with checked_call(fn, group) as (g, call):
         _qkv(fn, q, k, v)
         causal = _bool(fn, "causal", causal)
         return_lse = _bool(fn, "return_lse", return_lse)
@@ -264,7 +246,7 @@ def ulysses_attention(q, k, v, *, causal: bool = False, group=None,
     sequence with heads/N heads per rank, all-to-all back. Contiguous layout (rank r holds chunk
     r of N); both the query and the KV head counts must divide by the group size."""
     fn = "nn.functional.ulysses_attention"
-    with _entry(fn, group) as (g, call):
+    with checked_call(fn, group) as (g, call):
         _qkv(fn, q, k, v)
         causal = _bool(fn, "causal", causal)
         scale = _scale(fn, softmax_scale, q.shape[3])
@@ -369,7 +351,7 @@ def unshard_sequence(x: torch.Tensor, dim: int = 1, layout: str = "zigzag", grou
     on both ranks gives ``y.grad`` = 2 everywhere with ``grad="sum"`` and 1 with ``"local"``.
     """
     fn = "nn.functional.unshard_sequence"
-    with _entry(fn, group) as (g, call):
+    with checked_call(fn, group) as (g, call):
         dim = _dim(fn, x, dim)
         _choice(fn, "layout", layout, LAYOUTS)
         if grad not in UNSHARD_GRADS:
@@ -616,7 +598,7 @@ def _tp_params(fn: str, weight, bias) -> None:
 def _column_linear(fn: str, x, weight, bias, group, gather_output: bool,
                    sequence_parallel: bool, overlap: bool) -> torch.Tensor:
     """The column-parallel linear, checked under ``fn``'s name (the layer's or the function's)."""
-    with _entry(fn, group) as (g, call):
+    with checked_call(fn, group) as (g, call):
         _tp_params(fn, weight, bias)
         gather_output = _bool(fn, "gather_output", gather_output)
         sequence_parallel = _bool(fn, "sequence_parallel", sequence_parallel)
@@ -638,7 +620,7 @@ def _column_linear(fn: str, x, weight, bias, group, gather_output: bool,
 def _row_linear(fn: str, x, weight, bias, group, input_is_parallel: bool,
                 sequence_parallel: bool, overlap: bool, overlap_chunks) -> torch.Tensor:
     """The row-parallel linear, checked under ``fn``'s name (the layer's or the function's)."""
-    with _entry(fn, group) as (g, call):
+    with checked_call(fn, group) as (g, call):
         _tp_params(fn, weight, bias)
         input_is_parallel = _bool(fn, "input_is_parallel", input_is_parallel)
         sequence_parallel = _bool(fn, "sequence_parallel", sequence_parallel)

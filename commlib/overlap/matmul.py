@@ -10,15 +10,14 @@ same way. See ``docs/overlap.md``.
 
 from __future__ import annotations
 
-import contextlib
 
 import torch
 from torch.autograd.function import once_differentiable
 
+from ..api.entry import checked_call
 from ..api.groups import resolve_group
-from ..errors import CommError, CommTypeError, CommUnsupportedError, arg_error
+from ..errors import CommTypeError, CommUnsupportedError, arg_error
 from ..ops import ReduceOp, accumulation_dtype, dtype_name, to_reduce_op
-from ..runtime import debug
 from . import ring
 from .costs import agreed_rate, known_rate, p2p_link, plain_seconds, shares_cores
 from .plan import KINDS, MAX_CHUNKS, OverlapPlan, plan
@@ -33,22 +32,6 @@ OPS = {ReduceOp.SUM: lambda p: 1, ReduceOp.AVG: lambda p: p}
 
 
 # ----- checks ------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def _entry(fn: str, group):
-    """Yield (the group, a dict the checks fill with the call's description). Under
-    ``COMMLIB_DEBUG=1`` the ranks then compare descriptions with one small all-gather, so ranks
-    that disagree (a shard of another shape), or a rank whose own checks failed, raise on every
-    rank instead of waiting in the ring."""
-    g = resolve_group(group, fn)
-    call: dict = {}
-    try:
-        yield g, call
-    except CommError as exc:
-        if g.debug:
-            debug.agree(g, fn, "", error=exc)
-        raise
-    if g.debug:
-        debug.agree(g, fn, f"{fn}(" + ", ".join(f"{k}={v}" for k, v in call.items()) + ")")
 
 
 def _tensor(fn: str, arg: str, t, what: str) -> torch.Tensor:
@@ -373,7 +356,7 @@ def all_gather_matmul(a_shard, b, *, group=None, gather_dim: int = 0, chunks: in
         # rank 0: c = [[1, 1], [2, 2]]; rank 1: c = [[2, 2], [4, 4]]
     """
     fn = "overlap.all_gather_matmul"
-    with _entry(fn, group) as (g, call):
+    with checked_call(fn, group) as (g, call):
         a_shard = _tensor(fn, "a_shard", a_shard, "this rank's shard, shaped (..., k)")
         b = _tensor(fn, "b", b, "this rank's (k, n) matrix")
         _pair(fn, "a_shard", a_shard, b)
@@ -413,7 +396,7 @@ def matmul_reduce_scatter(a, b, *, group=None, scatter_dim: int = 0, op=ReduceOp
         # a @ b summed over ranks is 3 everywhere: rank 0 gets row 0 [[3, 3]], rank 1 row 1
     """
     fn = "overlap.matmul_reduce_scatter"
-    with _entry(fn, group) as (g, call):
+    with checked_call(fn, group) as (g, call):
         a = _tensor(fn, "a", a, "this rank's (..., k) tensor")
         b = _tensor(fn, "b", b, "this rank's (k, n) matrix")
         _pair(fn, "a", a, b)

@@ -22,6 +22,22 @@ import torch
 torch.set_num_threads(1)
 
 
+def expect_error(fn, *words, kind=None):
+    """Call ``fn`` and assert that it raises ``kind`` (default ``commlib.CommArgumentError``)
+    whose message contains every one of ``words``."""
+    from commlib import CommArgumentError
+
+    kind = kind or CommArgumentError
+    try:
+        fn()
+    except kind as exc:
+        text = str(exc)
+        for w in words:
+            assert w in text, (w, text)
+        return
+    raise AssertionError(f"no {kind.__name__}; expected one mentioning {words}")
+
+
 def main(namespace: dict, *modules) -> None:
     """Run the ``case_*`` functions of ``namespace`` and of ``modules`` (shared case files)."""
     import commlib

@@ -17,12 +17,11 @@ import zlib
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _harness import main  # noqa: E402
+from _harness import expect_error, main  # noqa: E402
 
 import commlib  # noqa: E402
 import commlib.overlap as ov  # noqa: E402
 from commlib.errors import (  # noqa: E402
-    CommArgumentError,
     CommMismatchError,
     CommTypeError,
     CommUnsupportedError,
@@ -82,15 +81,6 @@ class Count:
         commlib.isend, commlib.irecv = self._s, self._r
 
 
-def expect_error(fn, *words, kind=CommArgumentError):
-    try:
-        fn()
-    except kind as exc:
-        text = str(exc)
-        for w in words:
-            assert w in text, (w, text)
-        return
-    raise AssertionError(f"no {kind.__name__}; expected one mentioning {words}")
 
 
 # ----- all_gather_matmul ---------------------------------------------------------------------

@@ -16,10 +16,10 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _harness import main  # noqa: E402
+from _harness import expect_error, main  # noqa: E402
 
 import commlib  # noqa: E402
-from commlib.errors import CommArgumentError, CommMismatchError  # noqa: E402
+from commlib.errors import CommMismatchError  # noqa: E402
 from commlib.nn import SequenceParallelAttention  # noqa: E402
 from commlib.nn import functional as F  # noqa: E402
 
@@ -231,15 +231,6 @@ def case_shard_roundtrip():
         assert torch.equal(y2.grad, local(x * (r + 1), layout)), layout
 
 
-def expect_error(fn, *words, kind=CommArgumentError):
-    try:
-        fn()
-    except kind as exc:
-        text = str(exc)
-        for w in words:
-            assert w in text, (w, text)
-        return
-    raise AssertionError(f"no {kind.__name__}; expected one mentioning {words}")
 
 
 def case_debug_mismatch():

@@ -21,11 +21,11 @@ import torch
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _harness import main  # noqa: E402
+from _harness import expect_error, main  # noqa: E402
 
 import commlib  # noqa: E402
 import commlib.overlap  # noqa: E402
-from commlib.errors import CommArgumentError, CommMismatchError, CommTypeError  # noqa: E402
+from commlib.errors import CommMismatchError, CommTypeError  # noqa: E402
 from commlib.nn import ColumnParallelLinear, ParallelMLP, RowParallelLinear  # noqa: E402
 from commlib.nn import functional as F  # noqa: E402
 
@@ -339,15 +339,6 @@ def case_from_dense_roundtrip():
     assert mlp.fc1.weight.shape == (FFN // n, H) and mlp.fc2.weight.shape == (H, FFN // n)
 
 
-def expect_error(fn, *words, kind=CommArgumentError):
-    try:
-        fn()
-    except kind as exc:
-        text = str(exc)
-        for w in words:
-            assert w in text, (w, text)
-        return
-    raise AssertionError(f"no {kind.__name__}; expected one mentioning {words}")
 
 
 def case_errors():

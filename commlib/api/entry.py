@@ -1,0 +1,32 @@
+"""The entry of a public call of the layers above the collectives (``commlib.nn``,
+``commlib.overlap``): resolve the group, run the call's checks, and under ``COMMLIB_DEBUG=1``
+compare the call across ranks, so that ranks that disagree, or a rank whose own checks failed,
+raise on every rank instead of waiting in a ring for a peer that never comes."""
+
+from __future__ import annotations
+
+import contextlib
+
+from ..errors import CommError
+from ..runtime import debug
+from .groups import resolve_group
+
+__all__ = ["checked_call"]
+
+
+@contextlib.contextmanager
+def checked_call(fn: str, group):
+    """``with checked_call("overlap.all_gather_matmul", group) as (g, call): ...``: yields the
+    resolved group and a dict the checks fill with the call's description (shapes, dtype,
+    options). Under ``COMMLIB_DEBUG=1`` the ranks then compare descriptions with one small
+    all-gather (a rank whose checks raised takes part too, with its error)."""
+    g = resolve_group(group, fn)
+    call: dict = {}
+    try:
+        yield g, call
+    except CommError as exc:
+        if g.debug:
+            debug.agree(g, fn, "", error=exc)
+        raise
+    if g.debug:
+        debug.agree(g, fn, f"{fn}(" + ", ".join(f"{k}={v}" for k, v in call.items()) + ")")
