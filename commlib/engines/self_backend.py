@@ -6,6 +6,7 @@ written for many ranks runs unchanged on one.
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 
 from ..errors import CommStateError
@@ -38,6 +39,8 @@ class SelfBackend(Backend):
         self.rank, self.size = 0, 1
         self._sent: dict[tuple[bool, int], deque] = {}
         self._posted: list[_Recv] = []
+        # matched by the caller's thread and by commlib's progress thread
+        self._lock = threading.Lock()
 
     @classmethod
     def create_world(cls, **options) -> "SelfBackend":
@@ -51,13 +54,14 @@ class SelfBackend(Backend):
 
     # A message to oneself: the send is buffered (copied), the receive matches in order by tag.
     def _match(self):
-        for r in self._posted:
-            if not r.done:
-                queue = self._sent.get((r.user, r.tag))
-                if queue:
-                    r.buf.copy_(queue.popleft().view(r.buf.dtype).reshape(r.buf.shape))
-                    r.done = True
-        self._posted = [r for r in self._posted if not r.done]
+        with self._lock:
+            for r in self._posted:
+                if not r.done:
+                    queue = self._sent.get((r.user, r.tag))
+                    if queue:
+                        r.buf.copy_(queue.popleft().view(r.buf.dtype).reshape(r.buf.shape))
+                        r.done = True
+            self._posted = [r for r in self._posted if not r.done]
 
     def test(self, handles):
         self._match()
@@ -74,12 +78,15 @@ class SelfBackend(Backend):
         return 0
 
     def isend(self, buf, peer, tag, user=False):
-        self._sent.setdefault((user, tag), deque()).append(buf.clone())
+        copy = buf.clone()
+        with self._lock:
+            self._sent.setdefault((user, tag), deque()).append(copy)
         return _DONE
 
     def irecv(self, buf, peer, tag, user=False):
         r = _Recv(buf, tag, user)
-        self._posted.append(r)
+        with self._lock:
+            self._posted.append(r)
         self._match()
         return r
 

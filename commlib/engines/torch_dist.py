@@ -262,6 +262,8 @@ class TorchBackend(Backend):
         self._rs_native = _REDUCE_SCATTER_POLLABLE[kind]
         self._sent: dict[tuple[bool, int], list] = {}  # messages to self, by (user, tag)
         self._posted: list[tuple[tuple[bool, int], _Local]] = []
+        # both lists are matched by the caller's thread and by commlib's progress thread
+        self._local = threading.Lock()
 
     # ----- construction -------------------------------------------------------------------
     @classmethod
@@ -348,8 +350,10 @@ class TorchBackend(Backend):
 
     def isend(self, buf, peer, tag, user=False):
         if peer == self.rank:
-            self._sent.setdefault((user, tag), []).append(buf.clone())
-            self._match()
+            copy = buf.clone()
+            with self._local:
+                self._sent.setdefault((user, tag), []).append(copy)
+                self._match_locked()
             return _Local(None, done=True)
         pg = self.group if user else self.internal
         return self._p2p(pg.send([buf.view(-1)], peer, tag))
@@ -361,12 +365,17 @@ class TorchBackend(Backend):
             return self._p2p(pg.recv_anysource([buf.view(-1)], tag))
         if peer == self.rank:
             handle = _Local(buf)
-            self._posted.append(((user, tag), handle))
-            self._match()
+            with self._local:
+                self._posted.append(((user, tag), handle))
+                self._match_locked()
             return handle
         return self._p2p(pg.recv([buf.view(-1)], peer, tag))
 
     def _match(self) -> None:
+        with self._local:
+            self._match_locked()
+
+    def _match_locked(self) -> None:
         for key, handle in self._posted:
             sent = self._sent.get(key)
             if sent and not handle.done:
