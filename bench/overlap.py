@@ -124,9 +124,13 @@ def hide_point(nbytes: int, mm: Matmuls, dist, rounds: int, quiet) -> dict:
     comm_time = statistics.median(timed(lambda: impls["commlib"][1](impls["commlib"][0]()))
                                   for _ in range(3))
     mm.fit(comm_time)
-    for _ in range(rounds):
+    names = list(impls)
+    for i in range(rounds):
         quiet.wait()  # not in one of the host's slow phases (bench/_quiet.py)
-        for name, (issue, wait) in impls.items():
+        # rotate the order each round: the first measurement after the gate runs slower (cold
+        # caches, a clock ramping up), and would bias whichever implementation comes first
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            issue, wait = impls[name]
             set_progress("wait" if name == "commlib-wait" else "thread")
             r = results[name]
             r["comm"].append(timed(_comm_only(issue, wait)))

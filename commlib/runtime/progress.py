@@ -15,7 +15,9 @@ Every operation is a generator that yields lists of backend handles and finishes
   default; started with the first asynchronous operation). They never spin: when a pass over the
   pending works completes nothing, a thread blocks in the engine where the engine can wait
   without spinning (a shared-memory step sleeps in a futex until the lagging peer publishes; a
-  gloo transfer waits on its waiter thread's event), and otherwise sleeps between passes, from
+  gloo transfer waits on its waiter thread's event; neither advances anything: only passes do,
+  and the caller's thread keeps the passes off while it drives), and otherwise sleeps between
+  passes, from
   ``COMMLIB_PROGRESS_MIN_US`` doubling to ``COMMLIB_PROGRESS_MAX_US`` while nothing completes
   (MPI moves data only inside its calls, and MPICH's own asynchronous-progress thread spins a
   core). Two threads, two lanes (:class:`_Lanes`): groups on one host are served by a niced

@@ -90,10 +90,10 @@ static PyObject *ShmOp_wait(ShmOp *op, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-/* wait_for(seconds): advance; if not done, sleep (futex, the GIL released) until the lagging
- * peer publishes a step or `seconds` pass, without spinning; it always blocks when it returns
- * False. True when done. For commlib's progress thread, which must not take a core (or the GIL)
- * from the caller's compute. */
+/* wait_for(seconds): sleep (futex, the GIL released) until the lagging peer publishes a step or
+ * `seconds` pass, without spinning and without advancing: commlib's progress thread advances in
+ * its passes (test), which the caller's thread keeps it out of while it drives the operations
+ * itself, so the two never contend for the segment. True when done. */
 static PyObject *ShmOp_wait_for(ShmOp *op, PyObject *arg) {
     double seconds = PyFloat_AsDouble(arg);
     if (seconds == -1.0 && PyErr_Occurred())
@@ -107,29 +107,12 @@ static PyObject *ShmOp_wait_for(ShmOp *op, PyObject *arg) {
     Segment *g = op->seg;
     if (check_usable(g) < 0)
         return NULL;
-    long ns = seconds <= 0 ? 0 : seconds >= 0.5 ? 500000000L : (long)(seconds * 1e9);
-    int done = 0, busy = 0;
-    Py_BEGIN_ALLOW_THREADS /* the copies run without the GIL: the caller's thread computes */
-    if (lock_try(&g->lock)) {
-        done = progress(op);
-        lock_drop(&g->lock);
-    } else { /* another thread is advancing the segment: let it */
-        struct timespec ts = {0, ns < 100000 ? ns : 100000};
-        nanosleep(&ts, NULL);
-        busy = 1;
-    }
-    Py_END_ALLOW_THREADS
-    if (busy)
-        Py_RETURN_FALSE;
-    if (done) {
-        sweep(g);
-        Py_RETURN_TRUE;
-    }
     int dead = dead_peer(g, (uint64_t)(op->s0 + op->cur));
     if (dead >= 0) {
         fail_dead(op, dead);
         return NULL;
     }
+    long ns = seconds <= 0 ? 0 : seconds >= 0.5 ? 500000000L : (long)(seconds * 1e9);
     Py_BEGIN_ALLOW_THREADS
     sleep_on t;
     if (lagging_flag(g, &t)) {
@@ -151,7 +134,7 @@ static PyMethodDef ShmOp_methods[] = {
     {"is_completed", (PyCFunction)ShmOp_test, METH_NOARGS, "torch-style alias of test()."},
     {"wait", (PyCFunction)ShmOp_wait, METH_NOARGS, "Block until done."},
     {"wait_for", (PyCFunction)ShmOp_wait_for, METH_O,
-     "wait_for(seconds): advance, else sleep until a peer publishes (at most seconds); True when done."},
+     "wait_for(seconds): sleep until a peer publishes (at most seconds); True when done."},
     {"Wait", (PyCFunction)ShmOp_wait, METH_NOARGS, "MPI-style alias of wait()."},
     {NULL, NULL, 0, NULL},
 };
