@@ -226,11 +226,11 @@ OPTIONS: dict[str, Option] = {
         Option("progress_min_us", 50, _parse_positive_int,
                "The progress thread's first pause, in microseconds, after a pass that completed "
                "nothing; it doubles up to `COMMLIB_PROGRESS_MAX_US` while nothing completes."),
-        Option("progress_max_us", 200, _parse_positive_int,
+        Option("progress_max_us", 1000, _parse_positive_int,
                "The progress thread's longest pause between passes, in microseconds: how long "
-               "MPI may go without a progress call while the caller computes (MPICH moves a "
-               "message inside a host a few cells per call: at 1000 a hierarchical all-reduce "
-               "across 2 hosts x 2 ranks hid 5% of itself, at 200 75%; docs/overlap.md)."),
+               "MPI may go without a progress call while the caller computes. Shorter pauses "
+               "serve MPICH's intra-host messages better (they move a few cells per call) and "
+               "cost the compute more polling (measured both ways in docs/overlap.md)."),
         Option("shm_spin", None, _parse_optional_int,
                "Polls a rank waiting on shared memory spins before it yields its core. Default: "
                "2000 (about 50 us), or 50 when the group's ranks outnumber the cores."),
