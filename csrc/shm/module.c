@@ -41,16 +41,23 @@ static PyObject *ShmOp_start(ShmOp *op, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-static PyObject *ShmOp_test(ShmOp *op, PyObject *unused) {
+/* For test and wait_for: 1 when `op` is done, 0 when it is running on a usable segment, -1 with
+ * an exception (not started, or the segment closed or broken). */
+static int op_pending(ShmOp *op) {
     if (op->state == OP_DONE)
-        Py_RETURN_TRUE;
+        return 1;
     if (op->state == OP_NEW) {
         PyErr_SetString(PyExc_RuntimeError, "commlib.transports._shm: operation not started");
-        return NULL;
+        return -1;
     }
+    return check_usable(op->seg) < 0 ? -1 : 0;
+}
+
+static PyObject *ShmOp_test(ShmOp *op, PyObject *unused) {
+    int state = op_pending(op);
+    if (state != 0)
+        return state > 0 ? Py_NewRef(Py_True) : NULL;
     Segment *g = op->seg;
-    if (check_usable(g) < 0)
-        return NULL;
     if (!lock_try(&g->lock))
         Py_RETURN_FALSE; /* another thread is advancing the segment right now */
     int done;
@@ -98,15 +105,10 @@ static PyObject *ShmOp_wait_for(ShmOp *op, PyObject *arg) {
     double seconds = PyFloat_AsDouble(arg);
     if (seconds == -1.0 && PyErr_Occurred())
         return NULL;
-    if (op->state == OP_DONE)
-        Py_RETURN_TRUE;
-    if (op->state == OP_NEW) {
-        PyErr_SetString(PyExc_RuntimeError, "commlib.transports._shm: operation not started");
-        return NULL;
-    }
+    int state = op_pending(op);
+    if (state != 0)
+        return state > 0 ? Py_NewRef(Py_True) : NULL;
     Segment *g = op->seg;
-    if (check_usable(g) < 0)
-        return NULL;
     int dead = dead_peer(g, (uint64_t)(op->s0 + op->cur));
     if (dead >= 0) {
         fail_dead(op, dead);
