@@ -18,6 +18,7 @@ from ..api.entry import checked_call
 from ..api.groups import resolve_group
 from ..errors import CommTypeError, CommUnsupportedError, arg_error
 from ..ops import ReduceOp, accumulation_dtype, dtype_name, to_reduce_op
+from ..tuning import memo_key
 from . import ring
 from .costs import agreed_rate, known_rate, p2p_link, plain_seconds, shares_cores
 from .plan import KINDS, MAX_CHUNKS, OverlapPlan, plan
@@ -135,8 +136,15 @@ def _op(fn: str, op) -> ReduceOp:
 def _plan(kind: str, g, a_shape, b_shape, dtype, device, dim: int, chunks, agree: bool) -> OverlapPlan:
     """The plan of one checked call on group ``g``: the group's link and matmul rate (``agree``:
     the agreed rate, collective on the group's first call of this dtype; else whatever is known
-    without communicating), then the pure, cached planner."""
+    without communicating), then the pure, cached planner. The plans calls run (``agree``) are
+    memoized per group beside selection's choices: pricing the plain collective asks the cost
+    model for every algorithm (~30 µs), once per shape instead of once per call."""
     device = torch.device(device)
+    key = ("overlap", kind, tuple(a_shape), tuple(b_shape), dtype, device.type, dim, chunks,
+           *memo_key())
+    memo = g.resources.choices
+    if agree and key in memo:
+        return memo[key]
     link, source = p2p_link(g, device.type)
     rate = (agreed_rate if agree else known_rate)(g, dtype, device)
     rows = _rows(kind, a_shape, g.size)
@@ -147,8 +155,11 @@ def _plan(kind: str, g, a_shape, b_shape, dtype, device, dim: int, chunks, agree
         collective = "reduce_scatter"
     plain_s, plain_source = (plain_seconds(g, collective, nbytes, dtype, device.type, link)
                              if g.size > 1 else (0.0, "one rank"))
-    return plan(kind, tuple(a_shape), tuple(b_shape), dtype, g.size, link, rate, dim, chunks,
-                source, plain_s, plain_source, shares_cores(g, device.type))
+    pl = plan(kind, tuple(a_shape), tuple(b_shape), dtype, g.size, link, rate, dim, chunks,
+              source, plain_s, plain_source, shares_cores(g, device.type))
+    if agree:
+        memo[key] = pl
+    return pl
 
 
 def _plan_entry(kind: str, fn: str, a_arg: str, dim_arg: str, a_shape, b_shape, dtype, group,

@@ -88,9 +88,9 @@ def select(collective: str, nbytes: int, group, algorithm: str | None, fn: str, 
         return chosen
     widen = widening(collective, dtype, group)
     if device == "cpu":
-        key = (collective, nbytes.bit_length(), widen, _registry._version, _epoch)
+        key = (collective, nbytes.bit_length(), widen, *memo_key())
     else:
-        key = (collective, nbytes, widen, _registry._version, _epoch, device, dtype, op)
+        key = (collective, nbytes, widen, *memo_key(), device, dtype, op)
     memo = group.resources.choices
     hit = memo.get(key)
     if hit is None:
@@ -113,6 +113,12 @@ def explain_call(op: str, nbytes: int, group, dtype=None, device: str = "cpu",
     if model is None or model.table_for(device) is None:
         return Explanation(op, nbytes, group.name, group.size, "none", [], name, why)
     return explain_group(call, group, model, name, why, widen)
+
+
+def memo_key() -> tuple[int, int]:
+    """What a memo of choices made from the cost model is keyed with (the algorithm registry's
+    version and clear_cache's epoch), so that it is made again when either changes."""
+    return _registry._version, _epoch
 
 
 def clear_cache() -> None:
