@@ -24,9 +24,20 @@ import torch
 
 from ..ops import ReduceOp
 
-__all__ = ["Backend", "Handle"]
+__all__ = ["Backend", "Handle", "mpi_world_ranks"]
 
 Handle = Any  # a backend's request object
+
+
+def mpi_world_ranks(MPI, comm) -> list[int]:
+    """The MPI_COMM_WORLD rank of each rank of ``comm`` (``MPI``: the mpi4py module, which the
+    engines that bootstrap through MPI import themselves)."""
+    world, mine = MPI.COMM_WORLD.Get_group(), comm.Get_group()
+    try:
+        return list(MPI.Group.Translate_ranks(mine, list(range(comm.Get_size())), world))
+    finally:
+        mine.Free()
+        world.Free()
 
 
 class Backend:

@@ -20,7 +20,7 @@ from .. import config
 from ..errors import CommBackendError
 from ..ops import ReduceOp
 from . import register_backend
-from .base import Backend
+from .base import Backend, mpi_world_ranks
 
 _MPI_OPS = {
     ReduceOp.SUM: MPI.SUM,
@@ -108,13 +108,7 @@ class MPIBackend(Backend):
         raise ValueError(f"rank {self.rank} is in no line of {lines}")
 
     def global_ranks(self) -> list[int]:
-        world = MPI.COMM_WORLD.Get_group()
-        mine = self.comm.Get_group()
-        try:
-            return list(MPI.Group.Translate_ranks(mine, list(range(self.size)), world))
-        finally:
-            mine.Free()
-            world.Free()
+        return mpi_world_ranks(MPI, self.comm)
 
     def close(self) -> None:
         for comm in (self.comm, self.user):

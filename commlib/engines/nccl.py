@@ -35,7 +35,7 @@ import torch
 from ..errors import CommBackendError, CommUnsupportedError
 from ..ops import ReduceOp, dtype_name
 from . import register_backend
-from .base import Backend
+from .base import Backend, mpi_world_ranks
 
 __all__ = ["NCCLBackend", "nccl_dtype", "nccl_op", "reduction_args", "movement_args",
            "plan_all_to_all", "P2PStep", "device_for_local_rank"]
@@ -261,14 +261,7 @@ class NCCLBackend(Backend):
             sub.Free()
 
     def global_ranks(self) -> list[int]:
-        MPI = _mpi()
-        world = MPI.COMM_WORLD.Get_group()
-        mine = self.mpi.Get_group()
-        try:
-            return list(MPI.Group.Translate_ranks(mine, list(range(self.size)), world))
-        finally:
-            mine.Free()
-            world.Free()
+        return mpi_world_ranks(_mpi(), self.mpi)
 
     def close(self) -> None:
         self.flush()
