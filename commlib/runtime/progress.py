@@ -162,7 +162,9 @@ class Work:
         self._error: BaseException | None = None
         self._steps = 0  # steps completed: the progress thread's measure of progress
         self._lock = threading.Lock()  # held by the thread advancing it
-        self._lane = lane_of(group)  # the progress thread that serves it
+        # the progress thread that serves it; None when issued with COMMLIB_PROGRESS=wait (a
+        # thread already running must leave it to wait, too)
+        self._lane = lane_of(group) if _PROGRESS.on else None
         try:
             self._handles = next(gen)  # post the first step now
         except StopIteration as done:
@@ -299,7 +301,7 @@ def start(gen: Generator, finish, keep, group, what: str, seq: int, async_op: bo
         work = Work(gen, finish, keep, group, what, seq, group.timeout)
         if not work._done:
             _PENDING.append(work)
-            if _PROGRESS.on and work._lane is not None:
+            if work._lane is not None:
                 _PROGRESS.threads[work._lane].kick()
         return work
     if type(gen) is list:
