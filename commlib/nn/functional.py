@@ -13,7 +13,9 @@ Example (2 ranks, total length 8, zigzag layout: rank 0 holds tokens 0,1,6,7; ra
 
 Tensor parallelism (Megatron-style 1D, the functional form of ``commlib.nn.ColumnParallelLinear``
 and ``RowParallelLinear``; see ``docs/overlap.md``): :func:`column_parallel_linear`,
-:func:`row_parallel_linear`.
+:func:`row_parallel_linear`. The 2-D layout of Optimus-style 2D tensor parallelism
+(``docs/tensor-parallel-2d.md``): :func:`split_2d`, :func:`gather_2d`; :func:`traffic` counts
+the bytes this rank sends through the layers' collectives.
 """
 
 from __future__ import annotations
@@ -27,13 +29,16 @@ import commlib.overlap
 from commlib.api.entry import checked_call
 from commlib.errors import CommTypeError, arg_error
 
+from ._grid import gather_2d, split_2d
 from ._layout import LAYOUTS, gather_order, global_chunks
 from ._plan import plan_ring
 from ._ring import RingAttention, RSAAttention
+from ._traffic import traffic
 
 __all__ = ["ring_attention", "ulysses_attention", "shard_sequence", "unshard_sequence",
            "ALGORITHMS", "default_head_chunks", "default_seq_chunks",
-           "column_parallel_linear", "row_parallel_linear", "DEFAULT_OVERLAP_CHUNKS"]
+           "column_parallel_linear", "row_parallel_linear", "DEFAULT_OVERLAP_CHUNKS",
+           "split_2d", "gather_2d", "traffic"]
 
 # algorithm= of ring_attention: the autograd function that runs it
 ALGORITHMS = {"ring": RingAttention, "rsa": RSAAttention}
