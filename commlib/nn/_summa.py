@@ -4,9 +4,10 @@ the weight held as blocks too, so that nothing is replicated.
 
 Write ``B = W^T`` (in x out). Rank (i, j) holds ``x[i, j]`` (T/r x in/c) and ``B[i, j]``
 (in/r x out/c: ``W``'s rows block j, columns block i, kept in ``nn.Linear``'s (out, in) order),
-and computes ``y[i, j] = sum_k x[i, k] B[k, j]`` over the contraction dim cut in L = lcm(r, c)
-*panels* of in/L: panel p of x lives on the row's rank ``p // (L/c)``, panel p of B on the
-column's rank ``p // (L/r)``. Per panel:
+and computes ``y[i, j] = sum_k x[i, k] B[k, j]`` over the contraction dim cut in L *panels* of
+in/L, L a multiple of lcm(r, c) (by default at least MIN_PANELS, for a deeper pipeline): panel p
+of x lives on the row's rank ``p // (L/c)``, panel p of B on the column's rank ``p // (L/r)``.
+Per panel:
 
 * forward ``C = AB``: broadcast x's panel along the row, B's along the column, ``y += x_p B_p``;
 * backward ``dA = dC B^T``: the same broadcast of B's panel, ``dC B_p^T``, *reduced* along the
@@ -18,7 +19,9 @@ Overlap: panel p+1's broadcasts are posted (asynchronously) before panel p's GEM
 while they run (commlib's progress thread); the backward's reductions are posted as soon as a
 panel's partial is computed and drained one panel behind, so at most two panels of partials are
 alive. A rank that owns a panel broadcasts it from its own block without a copy when the block
-is one panel (square meshes), and reduces into its gradient block directly.
+is one panel (L = lcm(r, c) on a square mesh: ``panels=`` that value), and reduces into its
+gradient block directly; finer panels (the default) cost the owner one copy of its slice, which
+buys a pipeline deep enough to hide all but the first panel's broadcast.
 
 Precision: float32 and float64 compute as they are; bfloat16 and float16 panels are multiplied in
 float32 and accumulated over panels in float32 (the output is rounded once); the backward's
@@ -55,8 +58,20 @@ class Panels(NamedTuple):
         return p // self.b_per, (p % self.b_per) * self.width
 
 
-def panels_of(r: int, c: int, in_features: int) -> Panels:
-    count = math.lcm(r, c)
+MIN_PANELS = 4  # default pipeline depth: the first panel's broadcast is exposed, the rest hide
+
+
+def panels_of(r: int, c: int, in_features: int, count: int | None = None) -> Panels:
+    """``count`` panels (a multiple of lcm(r, c) dividing ``in_features``); default the
+    smallest multiple of lcm(r, c) that is at least MIN_PANELS and divides ``in_features`` (else
+    lcm(r, c) itself)."""
+    base = math.lcm(r, c)
+    if count is None:
+        count = base
+        k = -(-MIN_PANELS // base)
+        while k > 1 and in_features % (base * k):
+            k -= 1
+        count = base * k
     return Panels(count, in_features // count, count // c, count // r)
 
 
@@ -162,8 +177,7 @@ def summa_backward(dy2, x2, w, grid: Grid, pn: Panels, overlap: bool, need_dx: b
 
 class _Linear2D(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, grid, overlap):
-        pn = panels_of(grid.r, grid.c, weight.shape[1] * grid.r)
+    def forward(ctx, x, weight, bias, grid, overlap, pn):
         x2 = x.detach().reshape(-1, x.shape[-1]).contiguous()
         y = summa_forward(x2, weight.detach(), grid, pn, overlap)
         if bias is not None:
@@ -186,8 +200,9 @@ class _Linear2D(torch.autograd.Function):
                                 ctx.needs_input_grad[0], ctx.needs_input_grad[1])
         if work is not None:
             work.wait()
-        return (None if dx is None else dx.view(shape)), dw, db, None, None
+        return (None if dx is None else dx.view(shape)), dw, db, None, None, None
 
 
-def linear_2d(x: torch.Tensor, weight: torch.Tensor, bias, grid: Grid, overlap: bool):
-    return _Linear2D.apply(x, weight, bias, grid, overlap)
+def linear_2d(x: torch.Tensor, weight: torch.Tensor, bias, grid: Grid, overlap: bool,
+              pn: Panels):
+    return _Linear2D.apply(x, weight, bias, grid, overlap, pn)

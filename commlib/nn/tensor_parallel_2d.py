@@ -30,7 +30,7 @@ from commlib.errors import CommTypeError, arg_error
 
 from . import functional as F
 from ._grid import assemble, divisible, gather_blocks, grid_of
-from ._summa import linear_2d
+from ._summa import linear_2d, panels_of
 from .tensor_parallel import _agree_on_grads, _options, _positive
 
 __all__ = ["Linear2D"]
@@ -66,12 +66,15 @@ class Linear2D(nn.Module):
         mesh: a 2-D ``commlib.Mesh`` (r, c).
         overlap: post the next panel's broadcasts before the current GEMM (default True);
             False broadcasts each panel when it is needed (blocking SUMMA, for comparison).
+        panels: SUMMA steps, a multiple of lcm(r, c) dividing in_features (default: the
+            smallest such multiple >= 4, the pipeline depth that hides all but the first step's
+            broadcasts; lcm(r, c) broadcasts whole blocks without copies).
     """
 
     _fn = "nn.Linear2D"
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, mesh,
-                 overlap: bool = True, device=None, dtype=None):
+                 overlap: bool = True, panels: int | None = None, device=None, dtype=None):
         super().__init__()
         fn = self._fn
         self.grid = grid = grid_of(fn, mesh)
@@ -84,6 +87,15 @@ class Linear2D(nn.Module):
                   f"in/lcm({grid.r}, {grid.c})")
         divisible(fn, "out_features", "out_features", out_features, grid.c,
                   f"split over the mesh's {grid.c} columns")
+        base = math.lcm(grid.r, grid.c)
+        if panels is not None:
+            panels = _positive(fn, "panels", panels)
+            if panels % base or in_features % panels:
+                raise arg_error(fn, "panels", panels,
+                                f"must be a multiple of lcm({grid.r}, {grid.c}) = {base} that "
+                                f"divides in_features = {in_features}",
+                                f"pass panels={base} or another such multiple, or None")
+        self.panels = panels_of(grid.r, grid.c, in_features, panels)
         self.in_features, self.out_features, self.mesh = in_features, out_features, mesh
         self._load(nn.Linear(in_features, out_features, bias, device=device, dtype=dtype))
 
@@ -101,12 +113,12 @@ class Linear2D(nn.Module):
     @classmethod
     def from_dense(cls, module: nn.Linear, mesh, **options) -> "Linear2D":
         """This rank's blocks of ``module`` (the same ``nn.Linear`` on every rank; no
-        communication, the parameters are copied). ``options``: ``overlap``."""
+        communication, the parameters are copied). ``options``: ``overlap``, ``panels``."""
         fn = cls._fn + ".from_dense"
         if not isinstance(module, nn.Linear):
             raise arg_error(fn, "module", type(module).__name__, "must be a torch.nn.Linear",
                             "pass the dense layer this one replaces", CommTypeError)
-        _options(fn, options, ("overlap",))
+        _options(fn, options, ("overlap", "panels"))
         layer = cls(module.in_features, module.out_features, module.bias is not None, mesh=mesh,
                     device="meta", dtype=module.weight.dtype, **options)
         layer._load(module)
@@ -140,9 +152,9 @@ class Linear2D(nn.Module):
         with checked_call(self._fn, self.grid.whole) as (_, call):
             _check_block(self._fn, "x", x, self.grid, self.in_features, self.weight.dtype)
             call.update(shape=tuple(x.shape), dtype=str(x.dtype))
-        return linear_2d(x, self.weight, self.bias, self.grid, self.overlap)
+        return linear_2d(x, self.weight, self.bias, self.grid, self.overlap, self.panels)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, mesh={self.grid.r}x{self.grid.c}, "
-                f"overlap={self.overlap}")
+                f"overlap={self.overlap}, panels={self.panels.count}")
