@@ -36,7 +36,7 @@ def grid_of(fn: str, mesh) -> Grid:
         raise arg_error(fn, "mesh", type(mesh).__name__, "must be a commlib.Mesh",
                         "pass commlib.Mesh((r, c)) (r * c ranks)", CommTypeError)
     if mesh.ndim != 2:
-        raise arg_error(fn, "mesh", mesh, f"has {mesh.ndim} dimensions; 2D layers need 2",
+        raise arg_error(fn, "mesh", mesh, f"is {mesh.ndim}-dimensional; 2D layers need a 2-dimensional mesh",
                         "pass a mesh of shape (r, c), e.g. commlib.Mesh((2, 2)); "
                         "(1, p) or (p, 1) for one dimension")
     r, c = mesh.shape
