@@ -106,8 +106,12 @@ def _panels(x2, w, grid: Grid, pn: Panels, overlap: bool):
             pending = _post(x2, w, grid, pn, p + 1, False)
 
 
-def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.mm(a.float(), b.float()) if a.dtype in _LOW else torch.mm(a, b)
+def _mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``a @ b``, in float32 for the low-precision dtypes (then rounded into ``out``'s dtype)."""
+    if a.dtype in _LOW:
+        prod = torch.mm(a.float(), b.float())
+        return prod if out is None else out.copy_(prod)
+    return torch.mm(a, b, out=out)
 
 
 def summa_forward(x2: torch.Tensor, w: torch.Tensor, grid: Grid, pn: Panels,
@@ -115,8 +119,12 @@ def summa_forward(x2: torch.Tensor, w: torch.Tensor, grid: Grid, pn: Panels,
     """``x2`` (T/r, in/c) times the dense ``W^T``'s (i, j) block: (T/r, out/c) in x's dtype."""
     acc = None
     for _, a, b in _panels(x2, w, grid, pn, overlap):
-        part = _mm(a, b.t())
-        acc = part if acc is None else acc.add_(part)
+        if acc is None:
+            acc = _mm(a, b.t())  # float32 for the low-precision dtypes: accumulated there
+        elif a.dtype in _LOW:
+            acc.addmm_(a.float(), b.float().t())
+        else:
+            acc.addmm_(a, b.t())
     return acc.to(x2.dtype)
 
 
@@ -153,21 +161,15 @@ def summa_backward(dy2, x2, w, grid: Grid, pn: Panels, overlap: bool, need_dx: b
         if need_dx:  # dC B_p^T, summed along the row into the owner of x's panel p
             ja, oa = pn.a_owner(p)
             mine = grid.j == ja
-            buf = dx if mine and pn.a_per == 1 else None
-            part = _mm(dy2, b).to(x2.dtype)
-            if buf is None:
-                buf = part
-            else:
-                buf.copy_(part)
+            buf = dx if mine and pn.a_per == 1 else x2.new_empty((x2.shape[0], k))
+            _mm(dy2, b, out=buf)
             reductions.post(buf, dx[:, oa:oa + k] if mine else None, ja, grid.row, overlap)
             posted += 1
         if need_dw:  # (x_p^T dC)^T = dC^T x_p, summed along the column into W's panel owner
             ib, ob = pn.b_owner(p)
             mine = grid.i == ib
-            part = _mm(dy2.t(), a).to(w.dtype)
-            if mine and pn.b_per == 1:
-                dw.copy_(part)
-                part = dw
+            part = dw if mine and pn.b_per == 1 else w.new_empty((w.shape[0], k))
+            _mm(dy2.t(), a, out=part)
             reductions.post(part, dw[:, ob:ob + k] if mine else None, ib, grid.col, overlap)
             posted += 1
         reductions.drain(keep=posted)  # the previous panel's are done (or nearly): bounded memory

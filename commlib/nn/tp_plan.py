@@ -19,12 +19,14 @@ all-gather of n bytes per rank (g-1)·n. On the mesh, rank (i, j) holds activati
 (T/r, H/c); its *row group* is the c ranks (i, ·), its *column group* the r ranks (·, j); L =
 lcm(r, c).
 
-``Linear2D(in, out)`` (weight block (out/c, in/r), bias block out/c), SUMMA in L panels of in/L::
+``Linear2D(in, out)`` (weight block (out/c, in/r), bias block out/c), SUMMA in K panels of in/K
+(K a multiple of L dividing in: by default the layers' own choice, :func:`summa_panels`; every
+rank owns K/c of the X panels and K/r of the W panels, so the bytes do not depend on K)::
 
-    forward   broadcast X panel (T/r x in/L) along the row, W panel (in/L x out/c) along the column,
-              L times; sent s·[(c-1)·T·in/(r·c) + (r-1)·in·out/(r·c)]; 2·T·in·out/(r·c) flops
+    forward   broadcast X panel (T/r x in/K) along the row, W panel (in/K x out/c) along the column,
+              K times; sent s·[(c-1)·T·in/(r·c) + (r-1)·in·out/(r·c)]; 2·T·in·out/(r·c) flops
     backward  the same broadcasts, then reduce the dX panel along the row and the dW panel along the
-              column to their owners, L times, and one all-reduce of the bias gradient (out/c) over
+              column to their owners, K times, and one all-reduce of the bias gradient (out/c) over
               the column; sent 2·s·[(c-1)·T·in/(r·c) + (r-1)·in·out/(r·c)]
               + floor(2(r-1)/r·(out/c)·s); 4·T·in·out/(r·c) flops
     saved     X's block, T/r·in/c elements
@@ -59,14 +61,21 @@ taking the cheapest algorithm as selection would (:class:`Machine`). GEMMs take 
 block's attention (QK^T and PV: 4·T·S·H/p flops forward, twice that backward, no causal halving) is
 a GEMM too; softmax, GELU, LayerNorm and other elementwise work are not counted. Without overlap a
 layer costs its collectives plus its GEMMs. With overlap (2D: panel k+1's collectives are issued
-before panel k's GEMM) a layer of L panels with per-panel collectives P and per-panel GEMM G costs
-``P + (L-1)·max(P, G) + G``, plus whatever it issues once (bias and LayerNorm all-reduces, exposed).
-1D's all-reduces sit on the critical path: overlap changes nothing there.
+before panel k's GEMM) a layer of K panels with per-panel collectives P and per-panel GEMM G costs
+``P + (K-1)·max(P, G) + G``, plus whatever it issues once (bias and LayerNorm all-reduces, exposed;
+the layer posts the bias all-reduce asynchronously, so this is a bound).
+1D's all-reduces sit on the critical path: overlap changes nothing there. A panel's row and column
+collectives are added (taken as running one after the other, though they use different links).
+commlib's model prices a broadcast and a reduce as a binomial tree, ceil(log2 g)·(α + nβ) (the
+engine's own is priced as the best formula, and commlib has no pipelined one): NCCL's pipelined
+ring broadcast takes about nβ, so on GPUs 2D's predictions are pessimistic by up to log2(g) on its
+broadcasts and reduces.
 
 **Machines.** A catalog cluster (:func:`catalog_machine`): ranks are placed host-major, as
 ``Mesh.from_topology`` places them, so the row group (last mesh dimension, consecutive ranks) stays
 in a host while c <= GPUs per host, and the column group (stride c) spans hosts. A group inside one
-host is priced on the host's ring bottleneck (``plan_machine``'s intra-host link); a group spanning
+host is priced on the whole host's ring bottleneck (``plan_machine``'s intra-host link, whatever
+the group's size); a group spanning
 hosts gets ``plan_machine``'s table for the whole cluster with its own ranks per host, and its
 inter-host link shared by every group crossing at once (all column groups run their panels
 together: min(stride, GPUs per host) streams share the host's rails). The GEMM rate of a catalog
@@ -104,7 +113,7 @@ from commlib.tuning.machine import plan_machine
 from commlib.tuning.model import DEFAULT_LINKS, HOP_LATENCY_US, LinkCost, Table, predict
 
 __all__ = ["Comm", "Stage", "Prediction", "Row", "Machine", "CollectiveSeconds", "mlp_schedule",
-           "block_schedule", "predict_mlp", "predict_block", "compare", "crossover",
+           "block_schedule", "summa_panels", "MIN_PANELS", "predict_mlp", "predict_block", "compare", "crossover",
            "catalog_machine", "local_machine", "measure_gflops", "square_mesh", "PEAK_TFLOPS",
            "GEMM_EFFICIENCY", "CATALOG_GPU", "main"]
 
@@ -185,6 +194,7 @@ class _Layout(NamedTuple):
     p: int
     r: int  # 0 for 1D
     c: int
+    panels: int | None = None  # 2D: SUMMA panels of every Linear2D (None: the layers' default)
 
     @property
     def two_d(self) -> bool:
@@ -206,7 +216,9 @@ def _int(fn: str, arg: str, value) -> int:
     return value
 
 
-def _layout(fn: str, p, mesh) -> _Layout:
+def _layout(fn: str, p, mesh, panels=None) -> _Layout:
+    if panels is not None:
+        _int(fn, "panels", panels)
     if mesh is None:
         if p is None:
             raise arg_error(fn, "p", None, "neither p nor mesh is given",
@@ -219,7 +231,7 @@ def _layout(fn: str, p, mesh) -> _Layout:
     if p is not None and _int(fn, "p", p) != r * c:
         raise arg_error(fn, "mesh", tuple(mesh), f"has r*c = {r * c} ranks but p = {p}",
                         f"pass a mesh whose product is {p}, e.g. {square_mesh(p)}, or p={r * c}")
-    return _Layout(r * c, r, c)
+    return _Layout(r * c, r, c, panels)
 
 
 def _multiple(fn: str, arg: str, value: int, parts: int, why: str) -> None:
@@ -237,16 +249,41 @@ def _check_shapes(fn: str, lay: _Layout, tokens: int, features: dict[str, int]) 
             _multiple(fn, arg, size, lcm, f"lcm(r, c) = {lcm}: SUMMA cuts it into {lcm} panels of "
                                           f"a {lay.r}x{lay.c} mesh")
         _multiple(fn, "tokens", tokens, lay.r, f"the {lay.r} mesh rows each hold T/r tokens")
+        if lay.panels is not None:
+            _multiple(fn, "panels", lay.panels, lcm, f"every rank owns whole panels of a "
+                                                      f"{lay.r}x{lay.c} mesh's blocks")
+            for arg, size in features.items():
+                if size % lay.panels:
+                    raise arg_error(fn, "panels", lay.panels, f"does not divide {arg} = {size}",
+                                    "pass panels dividing every layer's input features, or None")
     else:
         for arg, size in features.items():
             _multiple(fn, arg, size, lay.p, f"split over the {lay.p} ranks of the 1D group")
+
+
+#: The layers' default pipeline depth (commlib/nn/_summa.py's MIN_PANELS): the first panel's
+#: broadcasts are exposed, the rest hide behind the GEMMs.
+MIN_PANELS = 4
+
+
+def summa_panels(r: int, c: int, fan_in: int, panels: int | None = None) -> int:
+    """The SUMMA panels of a Linear2D(fan_in, ·) on an (r, c) mesh: ``panels`` if given, else
+    the layers' default (``_summa.panels_of``): the smallest multiple of lcm(r, c) that is at
+    least :data:`MIN_PANELS` and divides ``fan_in``, else lcm(r, c)."""
+    if panels is not None:
+        return panels
+    base = math.lcm(r, c)
+    k = -(-MIN_PANELS // base)
+    while k > 1 and fan_in % (base * k):
+        k -= 1
+    return base * k
 
 
 def _linear_2d(name: str, tokens: int, fan_in: int, fan_out: int, lay: _Layout,
                s: int) -> tuple[Stage, Stage]:
     """Linear2D(fan_in, fan_out)'s forward and backward stages (see the module docstring)."""
     r, c = lay.r, lay.c
-    panels = math.lcm(r, c)
+    panels = summa_panels(r, c, fan_in, lay.panels)
     x_panel = tokens // r * (fan_in // panels) * s
     w_panel = fan_in // panels * (fan_out // c) * s
     x_sent = (c - 1) * (tokens // r) * (fan_in // c) * s          # s·(c-1)·T·in/(r·c)
@@ -303,11 +340,13 @@ def _in_order(pairs: list[tuple[Stage, Stage | None]]) -> list[Stage]:
 
 
 def mlp_schedule(tokens: int, hidden: int, ffn: int, *, p: int | None = None,
-                 mesh: tuple[int, int] | None = None, dtype_bytes: int = 2) -> list[Stage]:
+                 mesh: tuple[int, int] | None = None, dtype_bytes: int = 2,
+                 panels: int | None = None) -> list[Stage]:
     """The stages of one MLP (H -> F -> GELU -> H) forward and backward on one rank: 1D over ``p``
-    ranks, or 2D over ``mesh`` = (r, c). ``tokens`` = batch x sequence."""
+    ranks, or 2D over ``mesh`` = (r, c) with ``panels`` SUMMA panels per layer (None: the
+    layers' default, :func:`summa_panels`). ``tokens`` = batch x sequence."""
     fn = "nn.tp_plan.mlp_schedule"
-    lay = _layout(fn, p, mesh)
+    lay = _layout(fn, p, mesh, panels)
     tokens, hidden, ffn = _int(fn, "tokens", tokens), _int(fn, "hidden", hidden), _int(fn, "ffn", ffn)
     s = _int(fn, "dtype_bytes", dtype_bytes)
     _check_shapes(fn, lay, tokens, {"hidden": hidden, "ffn": ffn} if lay.two_d else {"ffn": ffn})
@@ -316,11 +355,12 @@ def mlp_schedule(tokens: int, hidden: int, ffn: int, *, p: int | None = None,
 
 def block_schedule(batch: int, seq: int, hidden: int, ffn: int, heads: int, *, p: int | None = None,
                    mesh: tuple[int, int] | None = None, dtype_bytes: int = 2,
-                   attention_scores: bool = True) -> list[Stage]:
+                   attention_scores: bool = True, panels: int | None = None) -> list[Stage]:
     """The stages of one pre-norm transformer block (attention, then the MLP) forward and
-    backward on one rank; ``attention_scores``: count the B·heads·S·S probabilities as saved."""
+    backward on one rank; ``attention_scores``: count the B·heads·S·S probabilities as saved;
+    the rest as :func:`mlp_schedule`."""
     fn = "nn.tp_plan.block_schedule"
-    lay = _layout(fn, p, mesh)
+    lay = _layout(fn, p, mesh, panels)
     batch, seq = _int(fn, "batch", batch), _int(fn, "seq", seq)
     hidden, ffn, heads = _int(fn, "hidden", hidden), _int(fn, "ffn", ffn), _int(fn, "heads", heads)
     s = _int(fn, "dtype_bytes", dtype_bytes)
@@ -405,21 +445,23 @@ def _check_pricing(fn: str, comm, gflops) -> None:
 
 def predict_mlp(tokens: int, hidden: int, ffn: int, *, p: int | None = None,
                 mesh: tuple[int, int] | None = None, dtype_bytes: int = 2,
-                comm: CollectiveSeconds, gflops: float, overlap: bool = True) -> Prediction:
+                comm: CollectiveSeconds, gflops: float, overlap: bool = True,
+                panels: int | None = None) -> Prediction:
     """One MLP's forward+backward per rank, 1D over ``p`` ranks or 2D over ``mesh`` = (r, c)
     (both given: r·c must be p). ``comm`` prices one collective (``Machine.collective_seconds``),
     ``gflops`` is the GEMM rate per rank; ``overlap``: 2D pipelines its panels' collectives with
-    the GEMMs."""
+    the GEMMs; ``panels``: SUMMA panels per layer (None: the layers' default)."""
     fn = "nn.tp_plan.predict_mlp"
     _check_pricing(fn, comm, gflops)
-    stages = mlp_schedule(tokens, hidden, ffn, p=p, mesh=mesh, dtype_bytes=dtype_bytes)
+    stages = mlp_schedule(tokens, hidden, ffn, p=p, mesh=mesh, dtype_bytes=dtype_bytes,
+                          panels=panels)
     return _price(stages, _layout(fn, p, mesh), dtype_bytes, comm, gflops, overlap)
 
 
 def predict_block(batch: int, seq: int, hidden: int, ffn: int, heads: int, *, p: int | None = None,
                   mesh: tuple[int, int] | None = None, dtype_bytes: int = 2,
                   comm: CollectiveSeconds, gflops: float, overlap: bool = True, layers: int = 1,
-                  attention_scores: bool = True) -> Prediction:
+                  attention_scores: bool = True, panels: int | None = None) -> Prediction:
     """``layers`` pre-norm transformer blocks' forward+backward per rank (everything times
     ``layers``: every block saves its activations until backward). Arguments as
     :func:`predict_mlp`; ``attention_scores``: count the attention probabilities as saved (eager
@@ -428,7 +470,7 @@ def predict_block(batch: int, seq: int, hidden: int, ffn: int, heads: int, *, p:
     _check_pricing(fn, comm, gflops)
     layers = _int(fn, "layers", layers)
     stages = block_schedule(batch, seq, hidden, ffn, heads, p=p, mesh=mesh, dtype_bytes=dtype_bytes,
-                            attention_scores=attention_scores)
+                            attention_scores=attention_scores, panels=panels)
     return _price(stages, _layout(fn, p, mesh), dtype_bytes, comm, gflops, overlap, layers)
 
 
@@ -453,12 +495,16 @@ class Row(NamedTuple):
 def compare(batches: Sequence[int], *, seq: int, hidden: int, ffn: int, mesh: tuple[int, int],
             p: int | None = None, heads: int | None = None, model: str = "block",
             dtype_bytes: int = 2, comm: CollectiveSeconds, gflops: float, overlap: bool = True,
-            layers: int = 1, attention_scores: bool = True) -> list[Row]:
+            layers: int = 1, attention_scores: bool = True,
+            panels: int | None = None) -> list[Row]:
     """1D over p = r·c ranks against 2D over ``mesh`` = (r, c) for each batch of ``batches``
     (tokens = batch·seq), for ``model`` ``"block"`` (needs ``heads``) or ``"mlp"``. ``overlap``:
     whether the machine can hide 2D's collectives behind its GEMMs at all."""
     fn = "nn.tp_plan.compare"
     lay = _layout(fn, p, mesh)
+    if not lay.two_d:
+        raise arg_error(fn, "mesh", mesh, "is needed: compare sets 2D on it against 1D over r*c",
+                        f"pass mesh=(r, c), e.g. {square_mesh(lay.p)}")
     if model not in ("block", "mlp"):
         raise arg_error(fn, "model", model, "is not a model this planner describes",
                         "pass model='block' or model='mlp'")
@@ -479,8 +525,8 @@ def compare(batches: Sequence[int], *, seq: int, hidden: int, ffn: int, mesh: tu
     for b in batches:
         one = run(b, p=lay.p)
         holds = (b * seq if model == "mlp" else b) % lay.r == 0
-        two = run(b, mesh=(lay.r, lay.c), overlap=False) if holds else None
-        ovl = run(b, mesh=(lay.r, lay.c), overlap=overlap) if holds else None
+        two = run(b, mesh=(lay.r, lay.c), overlap=False, panels=panels) if holds else None
+        ovl = run(b, mesh=(lay.r, lay.c), overlap=overlap, panels=panels) if holds else None
         rows.append(Row(b, b * seq, one, two, ovl))
     return rows
 
@@ -657,7 +703,7 @@ def local_machine(tuning_file, engine: str, ranks: int, hosts: int = 1, *,
             table.shard_inter = rails
         return table
 
-    source = f"given ({gflops:g} GFLOP/s per rank)"
+    source = "given"
     name = f"this machine: {ranks} {engine} ranks on {hosts} host(s), tuning file {path}"
     # one host of CPU ranks: the cores that compute also copy the messages (overlap hides nothing)
     return Machine(name, ranks, per_host, float(gflops), source, hosts > 1, table_of)
@@ -764,8 +810,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m commlib.nn.tp_plan",
                                      description=__doc__.split("\n\n")[0])
     where = parser.add_argument_group("machine")
-    where.add_argument("--topology", help="catalog system (python -m commlib.tuning lists its "
-                                          "use) or a topology file")
+    where.add_argument("--topology", help="catalog system (commlib.topology.catalog_names()) or "
+                                          "a topology file")
     where.add_argument("--nodes", type=int, default=1, help="hosts of that system (default 1)")
     where.add_argument("--nics-per-host", type=int, default=None)
     where.add_argument("--nic-gbps", type=float, default=None, help="NIC rate in Gb/s")
@@ -783,7 +829,8 @@ def main(argv=None) -> int:
     model.add_argument("--model", choices=("block", "mlp"), default="block")
     model.add_argument("--hidden", type=int, required=True)
     model.add_argument("--ffn", type=int, default=None, help="default 4 x hidden")
-    model.add_argument("--heads", type=int, default=None, help="default max(hidden / 128, ranks): 1D needs a multiple of its ranks")
+    model.add_argument("--heads", type=int, default=None,
+                       help="default max(hidden / 128, ranks): 1D needs a multiple of its ranks")
     model.add_argument("--layers", type=int, default=1)
     model.add_argument("--seq", type=int, required=True)
     model.add_argument("--batch", type=_batches, default=_batches("1,2,4,..."),
@@ -794,6 +841,8 @@ def main(argv=None) -> int:
                        help="do not count the attention probabilities as saved")
     parser.add_argument("--mesh", type=_mesh, default=None,
                         help="2D meshes RxC, comma-separated (default: the squarest, r >= c)")
+    parser.add_argument("--panels", type=int, default=None,
+                        help="SUMMA panels per layer (default: the layers' own, at least 4)")
     args = parser.parse_args(argv)
     if args.local == (args.topology is not None):
         parser.error("pass exactly one of --topology and --local")
@@ -835,7 +884,7 @@ def main(argv=None) -> int:
                            heads=heads, model=args.model, dtype_bytes=DTYPE_BYTES[dtype],
                            comm=machine.collective_seconds, gflops=machine.gflops,
                            overlap=machine.hides_comm, layers=args.layers,
-                           attention_scores=not args.flash)
+                           attention_scores=not args.flash, panels=args.panels)
             print(f"\n# 1D over {p} ranks ({machine.group_note(p, 1)}) vs 2D {r}x{c}: rows of "
                   f"{machine.group_note(c, 1)}, columns of {machine.group_note(r, c)}")
             if not machine.hides_comm:
