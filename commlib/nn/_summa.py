@@ -5,7 +5,7 @@ the weight held as blocks too, so that nothing is replicated.
 Write ``B = W^T`` (in x out). Rank (i, j) holds ``x[i, j]`` (T/r x in/c) and ``B[i, j]``
 (in/r x out/c: ``W``'s rows block j, columns block i, kept in ``nn.Linear``'s (out, in) order),
 and computes ``y[i, j] = sum_k x[i, k] B[k, j]`` over the contraction dim cut in L *panels* of
-in/L, L a multiple of lcm(r, c) (by default at least ``tp_plan.MIN_PANELS``, for a deeper pipeline): panel p
+in/L, L a multiple of lcm(r, c) (by default at least ``_panels.MIN_PANELS``, for a deeper pipeline): panel p
 of x lives on the row's rank ``p // (L/c)``, panel p of B on the column's rank ``p // (L/r)``.
 Per panel:
 
@@ -36,7 +36,7 @@ import torch
 
 from . import _traffic
 from ._grid import Grid
-from .tp_plan import summa_panels
+from ._panels import summa_panels
 
 __all__ = ["Panels", "panels_of", "linear_2d"]
 
@@ -60,7 +60,7 @@ class Panels(NamedTuple):
 
 def panels_of(r: int, c: int, in_features: int, count: int | None = None) -> Panels:
     """``count`` panels (a multiple of lcm(r, c) dividing ``in_features``), by default
-    ``tp_plan.summa_panels``: the smallest multiple of lcm(r, c) that is at least MIN_PANELS
+    ``_panels.summa_panels``: the smallest multiple of lcm(r, c) that is at least MIN_PANELS
     and divides ``in_features`` (else lcm(r, c)), the rule the planner prices."""
     count = summa_panels(r, c, in_features, count)
     return Panels(count, in_features // count, count // c, count // r)

@@ -111,6 +111,7 @@ from commlib.topology import load as load_topology
 from commlib.tuning import calibration
 from commlib.tuning.machine import plan_machine
 from commlib.tuning.model import DEFAULT_LINKS, HOP_LATENCY_US, LinkCost, Table, predict
+from ._panels import MIN_PANELS, summa_panels
 
 __all__ = ["Comm", "Stage", "Prediction", "Row", "Machine", "CollectiveSeconds", "mlp_schedule",
            "block_schedule", "summa_panels", "MIN_PANELS", "predict_mlp", "predict_block", "compare", "crossover",
@@ -259,24 +260,6 @@ def _check_shapes(fn: str, lay: _Layout, tokens: int, features: dict[str, int]) 
     else:
         for arg, size in features.items():
             _multiple(fn, arg, size, lay.p, f"split over the {lay.p} ranks of the 1D group")
-
-
-#: The layers' default pipeline depth (commlib/nn/_summa.py's MIN_PANELS): the first panel's
-#: broadcasts are exposed, the rest hide behind the GEMMs.
-MIN_PANELS = 4
-
-
-def summa_panels(r: int, c: int, fan_in: int, panels: int | None = None) -> int:
-    """The SUMMA panels of a Linear2D(fan_in, ·) on an (r, c) mesh: ``panels`` if given, else
-    the layers' default (``_summa.panels_of``): the smallest multiple of lcm(r, c) that is at
-    least :data:`MIN_PANELS` and divides ``fan_in``, else lcm(r, c)."""
-    if panels is not None:
-        return panels
-    base = math.lcm(r, c)
-    k = -(-MIN_PANELS // base)
-    while k > 1 and fan_in % (base * k):
-        k -= 1
-    return base * k
 
 
 def _linear_2d(name: str, tokens: int, fan_in: int, fan_out: int, lay: _Layout,
