@@ -24,3 +24,41 @@ def test_tp2d_linear_mpi(n):
     out = run_mpi(n, "tp2d_cases.py", *CASES, timeout=190, **debug).stdout
     for case in CASES:
         assert f"ok {case} (world size {n})" in out, out
+
+
+LAYER_CASES = ["case_block_2d", "case_cross_entropy_2d", "case_embedding_2d",
+               "case_layernorm_2d", "case_layers_2d_errors"]
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 6])
+def test_tp2d_layers_mpi(n):
+    """LayerNorm2D (including data where E[x^2]-E[x]^2 fails), Embedding2D, cross_entropy_2d and
+    TransformerBlock2D against nn.LayerNorm / nn.Embedding / F.cross_entropy / the dense
+    TransformerBlock: outputs, input gradients, every parameter gradient, bytes sent against
+    the closed forms, typed errors on every rank."""
+    debug = {"COMMLIB_DEBUG": "1"} if n == 3 else {}
+    out = run_mpi(n, "tp2d_layers.py", *LAYER_CASES, timeout=190, **debug).stdout
+    for case in LAYER_CASES:
+        assert f"ok {case} (world size {n})" in out, out
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("mesh", ["2x2", "1x4"])
+def test_example_2d_lm_matches_dense(mesh):
+    """examples/tp2d_lm.py on 4 ranks: the 2D model's loss equals the one-process dense model's
+    at every step (float32, 1e-5 relative), and training lowers it."""
+    import re
+    import sys
+
+    from conftest import ROOT, mpiexec_path, run_cmd
+
+    script = str(ROOT / "examples" / "tp2d_lm.py")
+    out = run_cmd([mpiexec_path(), "-n", "4", sys.executable, script, "--mesh", mesh],
+                  timeout=140).stdout
+    pairs = [(float(a), float(b)) for a, b in
+             re.findall(r"step +\d+ +loss 2d (\S+) +dense (\S+)", out)]
+    assert len(pairs) >= 5, out
+    for two_d, dense in pairs:
+        assert abs(two_d - dense) <= 1e-5 * abs(dense), (mesh, pairs)
+    assert pairs[-1][1] < pairs[0][1], pairs

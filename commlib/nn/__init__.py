@@ -10,14 +10,17 @@ activations are sharded along the sequence.
 the MLP with weights split over a tensor-parallel group (optionally sequence-parallel, with
 communication overlapped with computation); ``from_dense``/``to_dense`` convert to and from
 ``torch.nn.Linear``.
-``commlib.nn.Linear2D`` (and the other 2D layers): Optimus-style 2D tensor parallelism, weights
-and activations split over an (r, c) ``commlib.Mesh`` and multiplied with SUMMA.
+``commlib.nn.Linear2D``, ``LayerNorm2D``, ``Embedding2D``, ``TransformerBlock2D``: Optimus-style
+2D tensor parallelism, weights and activations split over an (r, c) ``commlib.Mesh`` and
+multiplied with SUMMA (``TransformerBlock`` is the dense block they are compared with).
 """
 
 from . import functional
 from .attention import SequenceParallelAttention
 from .tensor_parallel import ColumnParallelLinear, ParallelMLP, RowParallelLinear
+from .layers_2d import Embedding2D, LayerNorm2D, TransformerBlock, TransformerBlock2D
 from .tensor_parallel_2d import Linear2D
 
 __all__ = ["functional", "SequenceParallelAttention", "ColumnParallelLinear", "RowParallelLinear",
-           "ParallelMLP", "Linear2D"]
+           "ParallelMLP", "Linear2D", "LayerNorm2D", "Embedding2D", "TransformerBlock2D",
+           "TransformerBlock"]

@@ -75,12 +75,12 @@ def reduce(t: torch.Tensor, root: int, g, async_op: bool = False):
     return commlib.reduce(t, group=g, group_dst=root, async_op=async_op)
 
 
-def all_reduce(t: torch.Tensor, g, async_op: bool = False):
-    """Sum ``t`` over the group, in place."""
+def all_reduce(t: torch.Tensor, g, async_op: bool = False, *, op=commlib.ReduceOp.SUM):
+    """Reduce ``t`` over the group with ``op`` (default sum), in place."""
     if g.size == 1:
         return None
     _count("all_reduce", 2 * (g.size - 1) * t.nbytes // g.size)
-    return commlib.all_reduce(t, group=g, async_op=async_op)
+    return commlib.all_reduce(t, op=op, group=g, async_op=async_op)
 
 
 def all_gather(out: torch.Tensor, t: torch.Tensor, g, async_op: bool = False):

@@ -14,7 +14,8 @@ Example (2 ranks, total length 8, zigzag layout: rank 0 holds tokens 0,1,6,7; ra
 Tensor parallelism (Megatron-style 1D, the functional form of ``commlib.nn.ColumnParallelLinear``
 and ``RowParallelLinear``; see ``docs/overlap.md``): :func:`column_parallel_linear`,
 :func:`row_parallel_linear`. The 2-D layout of Optimus-style 2D tensor parallelism
-(``docs/tensor-parallel-2d.md``): :func:`split_2d`, :func:`gather_2d`; :func:`traffic` counts
+(``docs/tensor-parallel-2d.md``): :func:`split_2d`, :func:`gather_2d`, the vocabulary-parallel
+loss :func:`cross_entropy_2d`; :func:`traffic` counts
 the bytes this rank sends through the layers' collectives.
 """
 
@@ -38,7 +39,7 @@ from ._traffic import traffic
 __all__ = ["ring_attention", "ulysses_attention", "shard_sequence", "unshard_sequence",
            "ALGORITHMS", "default_head_chunks", "default_seq_chunks",
            "column_parallel_linear", "row_parallel_linear", "DEFAULT_OVERLAP_CHUNKS",
-           "split_2d", "gather_2d", "traffic"]
+           "split_2d", "gather_2d", "traffic", "cross_entropy_2d"]
 
 # algorithm= of ring_attention: the autograd function that runs it
 ALGORITHMS = {"ring": RingAttention, "rsa": RSAAttention}
@@ -711,3 +712,6 @@ def row_parallel_linear(x, weight, bias=None, *, group=None, input_is_parallel: 
     """
     return _row_linear("nn.functional.row_parallel_linear", x, weight, bias, group,
                        input_is_parallel, sequence_parallel, overlap, overlap_chunks)
+
+
+from .layers_2d import cross_entropy_2d  # noqa: E402 - layers_2d builds on this module
