@@ -76,16 +76,16 @@ def test_megatron_mlp_by_hand():
 def test_block_bytes_and_memory_by_hand():
     # r = c = 2, batch 2, seq 4 (T = 8), H = 4, heads 2, F = 8, s = 4
     st = block_schedule(2, 4, 4, 8, 2, mesh=(2, 2), dtype_bytes=4)
-    # LayerNorm2D: all-gather of 2 floats per local token (c-1)·2·(T/r)·4 = 32 forward; back an
+    # LayerNorm2D: all-gather of 3 floats per local token (c-1)·3·(T/r)·4 = 48 forward; back an
     # all-reduce of those 32 bytes over the row (32) and of gamma+beta (2·H/c·s = 16) over the column
-    assert sent(st, "ln1", "forward") == 32 and sent(st, "ln1", "backward") == 32 + 16
+    assert sent(st, "ln1", "forward") == 48 and sent(st, "ln1", "backward") == 32 + 16
     # qkv = Linear2D(4, 12): 4·(8 + 12) = 80 forward, 160 + bias 6 floats (24) backward
     assert sent(st, "qkv") == 80 + 160 + 24
     assert sent(st, "proj") == 48 + 96 + 8          # Linear2D(4, 4)
     assert sent(st, "fc1") == 64 + 128 + 16         # Linear2D(4, 8)
     assert sent(st, "fc2") == 96 + 192 + 8          # Linear2D(8, 4)
     assert sent(st, "attention") == 0               # rows hold whole sequences: local
-    assert sent(st) == 2 * 80 + 264 + 152 + 208 + 296 == 1080
+    assert sent(st) == 2 * (48 + 48) + 264 + 152 + 208 + 296 == 1112
     # saved: 8·T·H/p + 2·T·F/p + B·heads·S·S/p = 64 + 32 + 2·2·16/4 floats
     with_scores = predict_block(2, 4, 4, 8, 2, mesh=(2, 2), dtype_bytes=4, comm=free, gflops=1.0)
     flash = predict_block(2, 4, 4, 8, 2, mesh=(2, 2), dtype_bytes=4, comm=free, gflops=1.0,
@@ -139,8 +139,8 @@ def test_collectives_priced_on_the_right_groups():
     groups = {(c, size, stride) for c, _, size, stride in calls}
     assert ("broadcast", 2, 1) in groups and ("broadcast", 4, 2) in groups
     assert ("reduce", 2, 1) in groups and ("reduce", 4, 2) in groups
-    # the all-gather is priced at its whole output: c · 2 floats · T/r tokens = 2·8·2 bytes
-    assert ("all_gather", 2 * 8 * 2, 2, 1) in calls
+    # the all-gather is priced at its whole output: c · 3 float32 · T/r tokens = 2·12·2 bytes
+    assert ("all_gather", 2 * 12 * 2, 2, 1) in calls
     calls.clear()
     predict_mlp(16, 8, 16, p=8, dtype_bytes=2, comm=comm, gflops=1.0)
     assert calls == [("all_reduce", 16 * 8 * 2, 8, 1)] * 2

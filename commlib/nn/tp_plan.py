@@ -31,8 +31,9 @@ rank owns K/c of the X panels and K/r of the W panels, so the bytes do not depen
               + floor(2(r-1)/r·(out/c)·s); 4·T·in·out/(r·c) flops
     saved     X's block, T/r·in/c elements
 
-``LayerNorm2D(H)``: forward an all-gather along the row of 2 float32 per local token ((c-1)·8·T/r
-bytes); backward an all-reduce along the row of 2 float32 per local token and one of the
+``LayerNorm2D(H)``: forward an all-gather along the row of 3 statistics per local token (mean, its
+correction, M2; float32, float64 for float64 data: (c-1)·3·T/r·s_f bytes); backward an all-reduce
+along the row of 2 statistics per local token and one of the
 gamma+beta gradients (2·H/c elements) over the column. Saves its input block.
 
 ``1D`` over p ranks (no sequence parallelism): column-parallel layer (out/p), row-parallel layer
@@ -145,7 +146,7 @@ CATALOG_GPU = {
 }
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-_STAT_BYTES = 4  # LayerNorm2D exchanges its per-token statistics in float32
+_STAT_BYTES = 4  # LayerNorm2D exchanges its per-token statistics in float32 (float64 data: 8)
 
 
 # --------------------------------------------------------------------------------------------
@@ -284,9 +285,11 @@ def _linear_2d(name: str, tokens: int, fan_in: int, fan_out: int, lay: _Layout,
 
 def _layer_norm_2d(name: str, tokens: int, hidden: int, lay: _Layout, s: int) -> tuple[Stage, Stage]:
     r, c = lay.r, lay.c
-    stats = 2 * (tokens // r) * _STAT_BYTES
+    sf = 8 if s == 8 else _STAT_BYTES  # statistics in float64 for float64, else float32
+    moments = 3 * (tokens // r) * sf  # (mean, its correction, M2) per token
+    stats = 2 * (tokens // r) * sf  # backward's two per-token sums
     params = 2 * (hidden // c) * s
-    fwd = Stage(name, "forward", 0, (), (Comm("all_gather", "row", stats, 1, (c - 1) * stats),),
+    fwd = Stage(name, "forward", 0, (), (Comm("all_gather", "row", moments, 1, (c - 1) * moments),),
                 tokens // r * (hidden // c))
     bwd = Stage(name, "backward", 0, (), (Comm("all_reduce", "row", stats, 1, _all_reduce_sent(c, stats)),
                                           Comm("all_reduce", "col", params, 1,
