@@ -51,11 +51,11 @@ def test_linear2d_bytes_by_hand():
     bx, bw = two["fc1"].pipelined
     assert (bx.collective, bx.axis, bx.nbytes, bx.count) == ("broadcast", "row", 32, 2)
     assert (bw.collective, bw.axis, bw.nbytes, bw.count) == ("broadcast", "col", 24, 2)
-    # the layers' default: 4 panels where in_features allows (fc1, in = 4), else lcm (fc2, in = 6);
-    # the bytes do not depend on the panels
-    assert [c.count for c in fwd["fc1"].pipelined + fwd["fc2"].pipelined] == [4, 4, 2, 2]
-    assert fwd["fc1"].pipelined[0].nbytes == 16 and sent(st) == sent(mlp_schedule(
-        8, 4, 6, mesh=(2, 2), dtype_bytes=4, panels=2))
+    # the layers' default: lcm(2, 2) = 2 panels; the bytes do not depend on the panels
+    assert [c.count for c in fwd["fc1"].pipelined + fwd["fc2"].pipelined] == [2, 2, 2, 2]
+    assert fwd["fc1"].pipelined[0].nbytes == 32
+    wide = dict(mesh=(2, 2), dtype_bytes=4)  # 12 features: 2, 4 or 6 panels
+    assert len({sent(mlp_schedule(8, 12, 24, panels=k, **wide)) for k in (2, 4, 6)}) == 1
     p = predict_mlp(8, 4, 6, mesh=(2, 2), dtype_bytes=4, comm=free, gflops=1.0)
     assert p.bytes_sent == 56 + 124 + 72 + 152 == 404
     # saved: X block 4x2 (fc1 input) + GELU input 4x3 + fc2 input 4x3 = 32 floats
@@ -188,9 +188,9 @@ def test_crossover_is_none_when_2d_never_stays_ahead():
 
 def test_summa_panels():
     # the layers' default (commlib/nn/_summa.py uses this function)
-    # the smallest multiple of lcm(r, c) that is >= 4 and divides in_features, else lcm(r, c)
-    assert summa_panels(2, 2, 4) == 4 and summa_panels(2, 2, 6) == 2
-    assert summa_panels(8, 8, 4096) == 8 and summa_panels(2, 1, 8) == 4
+    # lcm(r, c), unless asked for more
+    assert summa_panels(2, 2, 4) == 2 and summa_panels(2, 3, 6) == 6
+    assert summa_panels(8, 8, 4096) == 8 and summa_panels(2, 1, 8) == 2
     assert summa_panels(3, 1, 9) == 3 and summa_panels(4, 2, 8, panels=8) == 8
 
 

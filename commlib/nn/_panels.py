@@ -5,21 +5,13 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["MIN_PANELS", "summa_panels"]
-
-#: The layers' default pipeline depth: the first panel's broadcasts are exposed, the rest hide
-#: behind the GEMMs.
-MIN_PANELS = 4
+__all__ = ["summa_panels"]
 
 
 def summa_panels(r: int, c: int, fan_in: int, panels: int | None = None) -> int:
-    """The SUMMA panels of a Linear2D(fan_in, ·) on an (r, c) mesh: ``panels`` if given, else the
-    smallest multiple of lcm(r, c) that is at least :data:`MIN_PANELS` and divides ``fan_in``,
-    else lcm(r, c)."""
-    if panels is not None:
-        return panels
-    base = math.lcm(r, c)
-    k = -(-MIN_PANELS // base)
-    while k > 1 and fan_in % (base * k):
-        k -= 1
-    return base * k
+    """The SUMMA panels of a Linear2D(fan_in, ·) on an (r, c) mesh: ``panels`` if given, else
+    lcm(r, c), the fewest that rectangular meshes allow: on a square mesh every rank's block is
+    one panel, broadcast in place. Deeper pipelines were measured slower on the multi-host cluster
+    (docs/tensor-parallel-2d.md: each doubling added ~6 ms of posting and 7-13 ms of smaller GEMMs
+    to a 250 ms step, and hid less): ``panels=`` asks for them."""
+    return math.lcm(r, c) if panels is None else panels

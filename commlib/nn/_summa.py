@@ -5,7 +5,7 @@ the weight held as blocks too, so that nothing is replicated.
 Write ``B = W^T`` (in x out). Rank (i, j) holds ``x[i, j]`` (T/r x in/c) and ``B[i, j]``
 (in/r x out/c: ``W``'s rows block j, columns block i, kept in ``nn.Linear``'s (out, in) order),
 and computes ``y[i, j] = sum_k x[i, k] B[k, j]`` over the contraction dim cut in L *panels* of
-in/L, L a multiple of lcm(r, c) (by default at least ``_panels.MIN_PANELS``, for a deeper pipeline): panel p
+in/L, L a multiple of lcm(r, c) (by default lcm(r, c) itself, ``_panels.summa_panels``): panel p
 of x lives on the row's rank ``p // (L/c)``, panel p of B on the column's rank ``p // (L/r)``.
 Per panel:
 
@@ -19,9 +19,8 @@ Overlap: panel p+1's broadcasts are posted (asynchronously) before panel p's GEM
 while they run (commlib's progress thread); the backward's reductions are posted as soon as a
 panel's partial is computed and drained one panel behind, so at most two panels of partials are
 alive. A rank that owns a panel broadcasts it from its own block without a copy when the block
-is one panel (L = lcm(r, c) on a square mesh: ``panels=`` that value), and reduces into its
-gradient block directly; finer panels (the default) cost the owner one copy of its slice, which
-buys a pipeline deep enough to hide all but the first panel's broadcast.
+is one panel (the default L = lcm(r, c) on a square mesh), and reduces into its gradient block
+directly; finer panels (``panels=``) cost the owner one copy of its slice.
 
 Precision: float32 and float64 compute as they are; bfloat16 and float16 panels are multiplied in
 float32 and accumulated over panels in float32 (the output is rounded once); the backward's
@@ -60,8 +59,7 @@ class Panels(NamedTuple):
 
 def panels_of(r: int, c: int, in_features: int, count: int | None = None) -> Panels:
     """``count`` panels (a multiple of lcm(r, c) dividing ``in_features``), by default
-    ``_panels.summa_panels``: the smallest multiple of lcm(r, c) that is at least MIN_PANELS
-    and divides ``in_features`` (else lcm(r, c)), the rule the planner prices."""
+    ``_panels.summa_panels``'s, the rule the planner prices."""
     count = summa_panels(r, c, in_features, count)
     return Panels(count, in_features // count, count // c, count // r)
 

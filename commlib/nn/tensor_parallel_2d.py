@@ -66,9 +66,10 @@ class Linear2D(nn.Module):
         mesh: a 2-D ``commlib.Mesh`` (r, c).
         overlap: post the next panel's broadcasts before the current GEMM (default True);
             False broadcasts each panel when it is needed (blocking SUMMA, for comparison).
-        panels: SUMMA steps, a multiple of lcm(r, c) dividing in_features (default: the
-            smallest such multiple >= 4, the pipeline depth that hides all but the first step's
-            broadcasts; lcm(r, c) broadcasts whole blocks without copies).
+        panels: SUMMA steps, a multiple of lcm(r, c) dividing in_features (default lcm(r, c):
+            on a square mesh every block is one panel, broadcast without a copy; more panels
+            deepen the pipeline at the price of smaller GEMMs and more messages, measured slower
+            in docs/tensor-parallel-2d.md).
     """
 
     _fn = "nn.Linear2D"

@@ -112,10 +112,10 @@ from commlib.topology import load as load_topology
 from commlib.tuning import calibration
 from commlib.tuning.machine import plan_machine
 from commlib.tuning.model import DEFAULT_LINKS, HOP_LATENCY_US, LinkCost, Table, predict
-from ._panels import MIN_PANELS, summa_panels
+from ._panels import summa_panels
 
 __all__ = ["Comm", "Stage", "Prediction", "Row", "Machine", "CollectiveSeconds", "mlp_schedule",
-           "block_schedule", "summa_panels", "MIN_PANELS", "predict_mlp", "predict_block", "compare", "crossover",
+           "block_schedule", "summa_panels", "predict_mlp", "predict_block", "compare", "crossover",
            "catalog_machine", "local_machine", "measure_gflops", "square_mesh", "PEAK_TFLOPS",
            "GEMM_EFFICIENCY", "CATALOG_GPU", "main"]
 
@@ -828,7 +828,7 @@ def main(argv=None) -> int:
     parser.add_argument("--mesh", type=_mesh, default=None,
                         help="2D meshes RxC, comma-separated (default: the squarest, r >= c)")
     parser.add_argument("--panels", type=int, default=None,
-                        help="SUMMA panels per layer (default: the layers' own, at least 4)")
+                        help="SUMMA panels per layer (default: the layers' own, lcm(r, c))")
     args = parser.parse_args(argv)
     if args.local == (args.topology is not None):
         parser.error("pass exactly one of --topology and --local")
