@@ -552,10 +552,62 @@ def ratios(rows: list[dict], multi_host: bool) -> list[str]:
     return lines
 
 
-def run_part(part: str, args, configs: list[Config], multi_host: bool, out) -> dict:
+GOAL_PLANNER = 0.25  # the planner's predictions within 25% of the measured times
+
+
+def planner_check(part: str, args, rows: list[dict], hosts: list[str]) -> list[str]:
+    """The planner's prediction (commlib.nn.tp_plan, priced from this machine's tuning file, the
+    configured one) beside each measured overlap/blocking row: its collectives from the cost
+    model, its GEMMs at the rate the layout's compute-only row measured (the planner's flops over
+    that time), so the check is of the communication and overlap model."""
+    from commlib.nn import tp_plan
+
+    p, nhosts = COMM.size, len(set(hosts))
+    engine = commlib.get_world_group().backend.name
+    t, s = args.batch * args.seq, 4
+    lines = [f"# planner (python -m commlib.nn.tp_plan --local, engine {engine}, {p} ranks on "
+             f"{nhosts} host(s), GEMM rate from each layout's compute row): predicted against "
+             f"measured, goal within {GOAL_PLANNER:.0%}"]
+    for row in rows:
+        if row["variant"] not in ("overlap", "blocking") or not row["compute_seconds"]:
+            continue
+        geometry = {"mesh": tuple(row["mesh"])} if row["scheme"] == "2d" else {"p": p}
+        panels = row["panels"][0] if row["panels"] else None
+        if part == "mlp":
+            stages = tp_plan.mlp_schedule(t, args.hidden, args.ffn, dtype_bytes=s, panels=panels,
+                                          **geometry)
+        else:
+            stages = tp_plan.block_schedule(args.batch, args.seq, args.hidden, args.ffn,
+                                            args.heads, dtype_bytes=s, panels=panels, **geometry)
+        gflops = sum(st.flops for st in stages) / row["compute_seconds"] / 1e9
+        machine = tp_plan.local_machine(None, engine, p, nhosts, gflops=gflops)
+        overlap = row["variant"] == "overlap" and row["scheme"] == "2d" and machine.hides_comm
+        common = dict(dtype_bytes=s, comm=machine.collective_seconds, gflops=gflops,
+                      overlap=overlap, panels=panels, **geometry)
+        if part == "mlp":
+            pred = tp_plan.predict_mlp(t, args.hidden, args.ffn, **common)
+        else:
+            pred = tp_plan.predict_block(args.batch, args.seq, args.hidden, args.ffn, args.heads,
+                                         **common)
+        ratio = row["seconds"] / pred.seconds
+        ok = abs(ratio - 1) <= GOAL_PLANNER
+        row.update(predicted_seconds=pred.seconds, predicted_comm_seconds=pred.comm_seconds)
+        lines.append(f"#   {row['name']:<20} predicted {pred.seconds * 1e3:7.1f} ms (comm "
+                     f"{pred.comm_seconds * 1e3:6.1f}), measured {row['seconds'] * 1e3:7.1f} ms: "
+                     f"x{ratio:.2f} {'PASS' if ok else 'MISS'}")
+    return lines
+
+
+def run_part(part: str, args, configs: list[Config], multi_host: bool, out,
+             hosts: list[str]) -> dict:
     facts = {c.name: check_and_count(c) for c in configs}
     measure(configs, args.rounds, args.patience)
     rows, lines, wrong = report(configs, facts, multi_host, out)
+    if COMM.rank == 0:
+        try:
+            lines += planner_check(part, args, rows, hosts)
+        except commlib.CommError as exc:  # no tuning file for this job: say so, measure anyway
+            lines.append(f"# planner: not checked ({exc})")
     for line in lines:
         out(line)
     return {"part": part, "tokens": args.batch * args.seq, "hidden": args.hidden,
@@ -568,7 +620,7 @@ def part_mlp(args, meshes, hosts, multi_host: bool, out) -> dict:
     out(f"# mlp: H {args.hidden} -> F {args.ffn} -> H, GELU, biases; input ({args.batch}, "
         f"{args.seq}, {args.hidden}) float32, T = {args.batch * args.seq} tokens; {COMM.size} "
         f"ranks; forward+backward, slowest rank, median of {args.rounds} rounds")
-    return run_part("mlp", args, mlp_configs(args, meshes, hosts, out), multi_host, out)
+    return run_part("mlp", args, mlp_configs(args, meshes, hosts, out), multi_host, out, hosts)
 
 
 def part_block(args, meshes, hosts, multi_host: bool, out) -> dict | None:
@@ -589,7 +641,7 @@ def part_block(args, meshes, hosts, multi_host: bool, out) -> dict | None:
         f"forward+backward, slowest rank, median of {args.rounds} rounds")
     configs = block_configs(args, meshes, hosts, out,
                             (TransformerBlock, TransformerBlock2D, _block_forward, _qkv_order))
-    return run_part("block", args, configs, multi_host, out)
+    return run_part("block", args, configs, multi_host, out, hosts)
 
 
 def main() -> int:
