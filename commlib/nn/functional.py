@@ -30,6 +30,7 @@ import commlib.overlap
 from commlib.api.entry import checked_call
 from commlib.errors import CommTypeError, arg_error
 
+from ._cross_entropy_2d import cross_entropy_2d
 from ._grid import gather_2d, split_2d
 from ._layout import LAYOUTS, gather_order, global_chunks
 from ._plan import plan_ring
@@ -713,5 +714,3 @@ def row_parallel_linear(x, weight, bias=None, *, group=None, input_is_parallel: 
     return _row_linear("nn.functional.row_parallel_linear", x, weight, bias, group,
                        input_is_parallel, sequence_parallel, overlap, overlap_chunks)
 
-
-from .layers_2d import cross_entropy_2d  # noqa: E402 - layers_2d builds on this module
