@@ -242,6 +242,15 @@ class Bench:
 
 
 # ----- options -----------------------------------------------------------------------------
+def timed_slowest(fn, comm=MPI.COMM_WORLD) -> float:
+    """Seconds ``fn()`` took on the slowest rank of ``comm``, all starting after a barrier (one
+    timed step of the model-level benchmarks: overlap.py, tensor_parallel_2d.py)."""
+    comm.Barrier()
+    t0 = time.perf_counter()
+    fn()
+    return comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+
+
 def parse_size(text: str) -> int:
     from commlib.config import parse_bytes
 

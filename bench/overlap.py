@@ -32,13 +32,12 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 import torch
 from mpi4py import MPI
 
 import commlib
-from _harness import fmt_bytes, init_gloo, parse_size
+from _harness import fmt_bytes, init_gloo, parse_size, timed_slowest
 from _quiet import quiet_for, quiet_summary
 from commlib.runtime.progress import set_progress
 
@@ -49,15 +48,8 @@ GOAL_MLP_SPEEDUP = 1.3  # where communication and compute are of similar size
 GOAL_NO_LOSS = 0.05  # one host: overlap never more than 5% slower than none
 
 
-def slowest(seconds: float) -> float:
-    return COMM.allreduce(seconds, op=MPI.MAX)
-
-
 def timed(fn) -> float:
-    COMM.Barrier()
-    t0 = time.perf_counter()
-    fn()
-    return slowest(time.perf_counter() - t0)
+    return timed_slowest(fn, COMM)
 
 
 # ----- hide ---------------------------------------------------------------------------------

@@ -78,12 +78,12 @@ import math
 import os
 import statistics
 import sys
-import time
 
 import torch
 from mpi4py import MPI
 
 import commlib
+from _harness import timed_slowest
 from _quiet import quiet_for, quiet_summary
 from commlib.nn import ColumnParallelLinear, Linear2D, ParallelMLP, RowParallelLinear
 from commlib.nn.functional import split_2d, traffic
@@ -96,15 +96,8 @@ GOAL_NO_LOSS = 0.05   # one host: overlap never more than 5% slower than blockin
 TOLERANCE = 1e-4      # float32 against the dense model, relative to the largest |value|
 
 
-def slowest(seconds: float) -> float:
-    return COMM.allreduce(seconds, op=MPI.MAX)
-
-
 def timed(fn) -> float:
-    COMM.Barrier()
-    t0 = time.perf_counter()
-    fn()
-    return slowest(time.perf_counter() - t0)
+    return timed_slowest(fn, COMM)
 
 
 # ----- what one forward+backward keeps, sends and computes -----------------------------------

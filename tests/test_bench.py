@@ -97,3 +97,26 @@ def test_seq_attention_bench_runs_and_checks(tmp_path):
     assert sorted(r["algorithm"] for r in rows) == ["ring", "rsa", "ulysses"]
     for r in rows:
         assert r["err"] < 1e-5 and r["tn_ms"] > 0 and r["t1_ms"] > 0, r
+
+
+def test_tensor_parallel_2d_bench_runs_and_checks(tmp_path):
+    """bench/tensor_parallel_2d.py at 2 ranks on a tiny model: every 2D and 1D row matches the
+    dense model, 2D's counted bytes equal the closed form on every rank, the MLP's measured
+    activation memory equals its closed form, and the JSON carries every row."""
+    out = tmp_path / "tp2d.json"
+    proc = bench(2, "tensor_parallel_2d", "--hidden", "32", "--batch", "4", "--seq", "8",
+                 "--heads", "4", "--rounds", "1", "--patience", "0", "--json", str(out))
+    assert "# wrong results: 0 OK" in proc.stdout, proc.stdout
+    doc = json.loads(out.read_text())
+    parts = {p["part"]: p["rows"] for p in doc["parts"]}
+    assert set(parts) == {"mlp", "block"}
+    for part, rows in parts.items():
+        measured = [r for r in rows if r["variant"] != "compute"]
+        assert {r["name"] for r in measured} >= {"2D 1x2 overlap", "2D 2x1 blocking",
+                                                 "1D 2 blocking"}, rows
+        for r in measured:
+            assert r["error"] < 1e-4 and r["seconds"] > 0, r
+            if r["scheme"] == "2d":
+                assert r["bytes_sent"] == r["bytes_sent_min"] == r["bytes_sent_closed_form"], r
+            if part == "mlp":
+                assert r["activation_bytes"] == r["activation_closed_form"], r
