@@ -52,38 +52,13 @@ from commlib.errors import CommTypeError, arg_error
 from . import _traffic
 from . import functional as F
 from ._cross_entropy_2d import _stat_dtype, cross_entropy_2d
-from ._grid import Grid, assemble, divisible, gather_blocks, grid_of
-from .tensor_parallel import _agree_on_grads, _options, _positive
-from .tensor_parallel_2d import Linear2D, _check_block
+from ._grid import assemble, divisible, gather_blocks, grid_of
+from ._summa import _LOW
+from .tensor_parallel import _options, _positive
+from .tensor_parallel_2d import Linear2D, _check_block, block_param, column_vector, dense_params
 
 __all__ = ["LayerNorm2D", "Embedding2D", "cross_entropy_2d", "TransformerBlock2D",
            "TransformerBlock"]
-
-_LOW = (torch.bfloat16, torch.float16)
-
-
-def _column_vector(t: torch.Tensor, grid: Grid) -> torch.Tensor:
-    """The whole vector from its blocks j, each replicated down column j (collective)."""
-    blocks = gather_blocks(t, grid)
-    return torch.cat([blocks[(0, j)] for j in range(grid.c)])
-
-
-def _dense_params(fn: str, grid: Grid, module: nn.Module, params: dict, unblock) -> nn.Module:
-    """Give the dense ``module`` (built on the meta device) the unblocked ``params`` (name ->
-    this rank's block, or None), with ``.grad`` where the blocks have one (agreed over the mesh)."""
-    present = {k: p for k, p in params.items() if p is not None}
-    has_grad = _agree_on_grads(fn, grid.whole, list(present.values()))
-    for (name, p), grad in zip(present.items(), has_grad):
-        full = nn.Parameter(unblock(name, p.detach()), requires_grad=p.requires_grad)
-        if grad:
-            full.grad = unblock(name, p.grad)
-        setattr(module, name, full)
-    return module
-
-
-def _block_param(t: torch.Tensor, requires_grad: bool) -> nn.Parameter:
-    return nn.Parameter(t.detach().clone(), requires_grad=requires_grad)
-
 
 # ----- LayerNorm2D ------------------------------------------------------------------------------
 def _merge_moments(table: torch.Tensor, h: int):
@@ -218,7 +193,7 @@ class LayerNorm2D(nn.Module):
             if p is None:
                 self.register_parameter(name, None)
             else:
-                setattr(self, name, _block_param(p[self.grid.j * h:(self.grid.j + 1) * h],
+                setattr(self, name, block_param(p[self.grid.j * h:(self.grid.j + 1) * h],
                                                  p.requires_grad))
 
     @classmethod
@@ -246,9 +221,9 @@ class LayerNorm2D(nn.Module):
                              dtype=None if p is None else p.dtype)
         if p is None:
             return dense
-        return _dense_params(self._fn + ".to_dense", self.grid, dense,
+        return dense_params(self._fn + ".to_dense", self.grid, dense,
                              {"weight": self.weight, "bias": self.bias},
-                             lambda _, t: _column_vector(t, self.grid))
+                             lambda _, t: column_vector(t, self.grid))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         fn = self._fn
@@ -349,7 +324,7 @@ class Embedding2D(nn.Module):
         g = self.grid
         v, h = self.num_embeddings // g.r, self.embedding_dim // g.c
         w = dense.weight[g.i * v:(g.i + 1) * v, g.j * h:(g.j + 1) * h]
-        self.weight = _block_param(w, dense.weight.requires_grad)
+        self.weight = block_param(w, dense.weight.requires_grad)
 
     @classmethod
     def from_dense(cls, module: nn.Embedding, mesh, **options) -> "Embedding2D":
@@ -378,7 +353,7 @@ class Embedding2D(nn.Module):
         g = self.grid
         dense = nn.Embedding(self.num_embeddings, self.embedding_dim, device="meta",
                              dtype=self.weight.dtype)
-        return _dense_params(self._fn + ".to_dense", g, dense, {"weight": self.weight},
+        return dense_params(self._fn + ".to_dense", g, dense, {"weight": self.weight},
                              lambda _, t: assemble(gather_blocks(t, g), g.r, g.c))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:

@@ -33,7 +33,7 @@ from ._grid import assemble, divisible, gather_blocks, grid_of
 from ._summa import linear_2d, panels_of
 from .tensor_parallel import _agree_on_grads, _options, _positive
 
-__all__ = ["Linear2D"]
+__all__ = ["Linear2D", "block_param", "column_vector", "dense_params"]
 
 
 def _check_block(fn: str, arg: str, x, grid, features: int, dtype) -> None:
@@ -51,6 +51,31 @@ def _check_block(fn: str, arg: str, x, grid, features: int, dtype) -> None:
         raise arg_error(fn, arg, f"<tensor dtype={x.dtype}>", f"must have the layer's dtype {dtype}",
                         f"cast it (x.to({dtype})) or build the layer with dtype={x.dtype}",
                         CommTypeError)
+
+
+def block_param(t: torch.Tensor, requires_grad: bool) -> nn.Parameter:
+    """A parameter holding a copy of ``t`` (a block of a dense module's parameter)."""
+    return nn.Parameter(t.detach().clone(), requires_grad=requires_grad)
+
+
+def column_vector(t: torch.Tensor, grid) -> torch.Tensor:
+    """The whole vector from its blocks j, each replicated down column j (collective)."""
+    blocks = gather_blocks(t, grid)
+    return torch.cat([blocks[(0, j)] for j in range(grid.c)])
+
+
+def dense_params(fn: str, grid, module: nn.Module, params: dict, unblock) -> nn.Module:
+    """Give the dense ``module`` (built on the meta device) the unblocked ``params`` (name ->
+    this rank's block, or None), with ``.grad`` where the blocks have one (agreed over the mesh):
+    every 2D layer's ``to_dense``. ``unblock(name, block)`` is collective over the mesh."""
+    present = {k: p for k, p in params.items() if p is not None}
+    has_grad = _agree_on_grads(fn, grid.whole, list(present.values()))
+    for (name, p), grad in zip(present.items(), has_grad):
+        full = nn.Parameter(unblock(name, p.detach()), requires_grad=p.requires_grad)
+        if grad:
+            full.grad = unblock(name, p.grad)
+        setattr(module, name, full)
+    return module
 
 
 class Linear2D(nn.Module):
@@ -104,12 +129,11 @@ class Linear2D(nn.Module):
         g = self.grid
         n, k = self.out_features // g.c, self.in_features // g.r
         w = dense.weight.detach()[g.j * n:(g.j + 1) * n, g.i * k:(g.i + 1) * k]
-        self.weight = nn.Parameter(w.clone(), requires_grad=dense.weight.requires_grad)
+        self.weight = block_param(w, dense.weight.requires_grad)
         if dense.bias is None:
             self.register_parameter("bias", None)
         else:
-            b = dense.bias.detach()[g.j * n:(g.j + 1) * n]
-            self.bias = nn.Parameter(b.clone(), requires_grad=dense.bias.requires_grad)
+            self.bias = block_param(dense.bias[g.j * n:(g.j + 1) * n], dense.bias.requires_grad)
 
     @classmethod
     def from_dense(cls, module: nn.Linear, mesh, **options) -> "Linear2D":
@@ -128,25 +152,17 @@ class Linear2D(nn.Module):
     def to_dense(self) -> nn.Linear:
         """The dense ``nn.Linear`` on every rank (collective over the mesh), with ``.grad`` where
         this layer's parameters have one."""
-        fn = self._fn + ".to_dense"
-        g = self.grid
-        params = [self.weight] + ([] if self.bias is None else [self.bias])
-        has_grad = _agree_on_grads(fn, g.whole, params)
         dense = nn.Linear(self.in_features, self.out_features, self.bias is not None,
                           device="meta", dtype=self.weight.dtype)
-        for name, p, grad in zip(("weight", "bias"), params, has_grad):
-            full = nn.Parameter(self._unblock(name, p.detach()), requires_grad=p.requires_grad)
-            if grad:
-                full.grad = self._unblock(name, p.grad)
-            setattr(dense, name, full)
-        return dense
+        return dense_params(self._fn + ".to_dense", self.grid, dense,
+                            {"weight": self.weight, "bias": self.bias}, self._unblock)
 
     def _unblock(self, name: str, t: torch.Tensor) -> torch.Tensor:
         g = self.grid
-        blocks = gather_blocks(t, g)
-        if name == "bias":  # block j on every rank of column j
-            return torch.cat([blocks[(0, j)] for j in range(g.c)])
+        if name == "bias":
+            return column_vector(t, g)
         # W's rows block j, columns block i: the transpose of the activations' arrangement
+        blocks = gather_blocks(t, g)
         return assemble({(j, i): blk for (i, j), blk in blocks.items()}, g.c, g.r)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
