@@ -85,7 +85,7 @@ from mpi4py import MPI
 import commlib
 from _harness import timed_slowest
 from _quiet import quiet_for, quiet_summary
-from commlib.nn import ColumnParallelLinear, Linear2D, ParallelMLP, RowParallelLinear
+from commlib.nn import ColumnParallelLinear, Linear2D, ParallelMLP, RowParallelLinear, tp_plan
 from commlib.nn.functional import split_2d, traffic
 
 torch.set_num_threads(1)
@@ -119,25 +119,18 @@ def saved_bytes(forward, params) -> int:
     return sum(seen.values())
 
 
-def linear_2d_sent(tokens: int, fan_in: int, fan_out: int, r: int, c: int, s: int) -> int:
-    """Linear2D's bytes per rank, forward+backward (commlib/nn/tp_plan.py's closed form): the
-    panels' broadcasts forward, again backward with the reductions of the dX and dW panels, and
-    the bias gradient's all-reduce over the column."""
-    per_pass = (c - 1) * (tokens // r) * (fan_in // c) * s + (r - 1) * (fan_in // r) * (fan_out // c) * s
-    return 3 * per_pass + all_reduce_sent(r, fan_out // c * s)
-
-
-def layer_norm_2d_sent(tokens: int, hidden: int, r: int, c: int, s: int) -> int:
-    """LayerNorm2D's bytes per rank, forward+backward (commlib/nn/layers_2d.py's docstring):
-    an all-gather along the row of 3 float32 per token, backward an all-reduce along the row of
-    2 float32 per token and one along the column of the scale's and shift's gradient blocks."""
-    stats = tokens // r * 4
-    return ((c - 1) * 3 * stats + all_reduce_sent(c, 2 * stats)
-            + all_reduce_sent(r, 2 * (hidden // c) * s))
-
-
-def all_reduce_sent(p: int, nbytes: int) -> int:
-    return 2 * (p - 1) * nbytes // p if p > 1 else 0
+def closed_forms(part: str, args, **geometry) -> tuple[int, int]:
+    """(bytes sent, activation bytes) per rank for one forward+backward of ``part`` on ``mesh=``
+    (r, c) or ``p=`` (1D): the planner's closed forms (commlib/nn/tp_plan.py, checked against
+    hand-computed values in tests/test_tp_plan.py). Attention probabilities are not counted:
+    torch's scaled_dot_product_attention does not keep them."""
+    free = dict(dtype_bytes=4, comm=lambda *a: 0.0, gflops=1.0, **geometry)
+    if part == "mlp":
+        pred = tp_plan.predict_mlp(args.batch * args.seq, args.hidden, args.ffn, **free)
+    else:
+        pred = tp_plan.predict_block(args.batch, args.seq, args.hidden, args.ffn, args.heads,
+                                     attention_scores=False, **free)
+    return pred.bytes_sent, pred.activation_bytes
 
 
 # ----- the same local work with no communication (the compute-only rows) -----------------------
@@ -306,7 +299,6 @@ def _mesh_note(mesh, shape, args, hosts, out) -> None:
 def mlp_configs(args, meshes, hosts, out) -> list[Config]:
     p = COMM.size
     h, f, bsz, seq = args.hidden, args.ffn, args.batch, args.seq
-    tokens, s = bsz * seq, 4
     torch.manual_seed(args.seed)
     fc1, fc2 = torch.nn.Linear(h, f), torch.nn.Linear(f, h)
     x_full = torch.randn(bsz, seq, h, generator=torch.Generator().manual_seed(args.seed + 1))
@@ -317,8 +309,7 @@ def mlp_configs(args, meshes, hosts, out) -> list[Config]:
         # a copy, not a view of x_full: the saved bytes count storages
         x = split_2d(x_full, mesh).clone().requires_grad_()
         ref = (split_2d(y_ref, mesh), split_2d(dx_ref, mesh))
-        sent = linear_2d_sent(tokens, h, f, r, c, s) + linear_2d_sent(tokens, f, h, r, c, s)
-        act = s * (tokens // r * h // c + 2 * tokens // r * f // c)
+        sent, act = closed_forms("mlp", args, mesh=(r, c))
         for panels in args.panels:
             opts = {} if panels is None else {"panels": panels}
 
@@ -333,8 +324,7 @@ def mlp_configs(args, meshes, hosts, out) -> list[Config]:
     local = MLP(LocalLinear.of_1d(h, f, p, True), LocalLinear.of_1d(f, h, p, False))
     add_layout(configs, f"1D {p}", "1d",
                lambda ov: ParallelMLP.from_dense(fc1, fc2, sequence_parallel=False, overlap=ov),
-               local, x, (y_ref, dx_ref), 2 * all_reduce_sent(p, tokens * h * s),
-               s * (tokens * h + 2 * tokens * f // p))
+               local, x, (y_ref, dx_ref), *closed_forms("mlp", args, p=p))
     return configs
 
 
@@ -344,7 +334,6 @@ def block_configs(args, meshes, hosts, out, blocks) -> list[Config]:
     TransformerBlock, TransformerBlock2D, block_forward, qkv_order = blocks
     p = COMM.size
     h, f, heads, bsz, seq = args.hidden, args.ffn, args.heads, args.batch, args.seq
-    tokens, s = bsz * seq, 4
     torch.manual_seed(args.seed)
     dense = TransformerBlock(h, heads, f)
     x_full = torch.randn(bsz, seq, h, generator=torch.Generator().manual_seed(args.seed + 1))
@@ -392,10 +381,7 @@ def block_configs(args, meshes, hosts, out, blocks) -> list[Config]:
         _mesh_note(mesh, (r, c), args, hosts, out)
         x = split_2d(x_full, mesh).clone().requires_grad_()
         ref = (split_2d(y_ref, mesh), split_2d(dx_ref, mesh))
-        sent = (sum(linear_2d_sent(tokens, a, b, r, c, s)
-                    for a, b in ((h, 3 * h), (h, h), (h, f), (f, h)))
-                + 2 * layer_norm_2d_sent(tokens, h, r, c, s))
-        act = s * (8 * tokens * h // (r * c) + 2 * tokens * f // (r * c))
+        sent, act = closed_forms("block", args, mesh=(r, c))
 
         def build(ov, mesh=mesh):
             return TransformerBlock2D.from_dense(dense, mesh, overlap=ov)
@@ -408,8 +394,7 @@ def block_configs(args, meshes, hosts, out, blocks) -> list[Config]:
                        LocalLinear.of_1d(h, f, p, True), LocalLinear.of_1d(f, h, p, False),
                        heads // p)
     add_layout(configs, f"1D {p}", "1d", Block1D, local, x, (y_ref, dx_ref),
-               4 * all_reduce_sent(p, tokens * h * s),
-               s * (4 * tokens * h + 4 * tokens * h // p + 2 * tokens * f // p))
+               *closed_forms("block", args, p=p))
     return configs
 
 
@@ -553,8 +538,6 @@ def planner_check(part: str, args, rows: list[dict], hosts: list[str]) -> list[s
     configured one) beside each measured overlap/blocking row: its collectives from the cost
     model, its GEMMs at the rate the layout's compute-only row measured (the planner's flops over
     that time), so the check is of the communication and overlap model."""
-    from commlib.nn import tp_plan
-
     p, nhosts = COMM.size, len(set(hosts))
     engine = commlib.get_world_group().backend.name
     t, s = args.batch * args.seq, 4
