@@ -22,6 +22,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _harness import expect_error, main  # noqa: E402
+from _tp2d import block, close, data, meshes  # noqa: E402
 
 import commlib  # noqa: E402
 from commlib.errors import CommTypeError  # noqa: E402
@@ -30,31 +31,6 @@ from commlib.nn import functional as F  # noqa: E402
 
 TOL = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 3e-3}
 N, M, IN, OUT = 12, 2, 24, 36  # rows (dim 0), a middle dim, in and out features
-
-
-def meshes():
-    n = commlib.get_world_size()
-    shapes = [(1, n), (n, 1)] if n > 1 else [(1, 1)]
-    if n % 2 == 0 and n >= 4:
-        shapes.append((2, n // 2))
-    return [(s, commlib.Mesh(s)) for s in shapes]
-
-
-def block(t, mesh, r, c):
-    """Rank's block of a global activation, by the layout's definition."""
-    i, j = mesh.coords
-    n, h = t.shape[0] // r, t.shape[-1] // c
-    return t[i * n:(i + 1) * n, ..., j * h:(j + 1) * h]
-
-
-def close(name, got, want, tol):
-    err = float((got.double() - want.double()).abs().max() / want.double().abs().max())
-    assert err <= tol, f"{name}: relative error {err:.3g} > {tol:g}"
-
-
-def data(shape, seed, dtype):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
 
 
 def summa_bytes(r, c, tokens, fin, fout, s, bias):
@@ -69,10 +45,10 @@ def summa_bytes(r, c, tokens, fin, fout, s, bias):
 
 
 def case_linear_2d():
-    for (shape, mesh), dtype, overlap, bias in itertools.product(
+    for mesh, dtype, overlap, bias in itertools.product(
             meshes(), (torch.float64, torch.float32, torch.bfloat16, torch.float16), (True, False),
             (True, False)):
-        r, c = shape
+        shape = r, c = mesh.shape
         i, j = mesh.coords
         torch.manual_seed(7)
         dense = nn.Linear(IN, OUT, bias=bias, dtype=dtype)
@@ -84,15 +60,15 @@ def case_linear_2d():
             layer = Linear2D.from_dense(dense, mesh, overlap=overlap, panels=panels)
             wb = dense.weight.detach()[j * OUT // c:(j + 1) * OUT // c, i * IN // r:(i + 1) * IN // r]
             assert torch.equal(layer.weight.detach(), wb), "weight block layout"
-            xl = block(x.detach(), mesh, r, c).clone().requires_grad_()
+            xl = block(x.detach(), mesh).clone().requires_grad_()
             with F.traffic() as fwd:
                 yl = layer(xl)
             with F.traffic() as bwd:
-                (yl * block(dy, mesh, r, c)).sum().backward()
+                (yl * block(dy, mesh)).sum().backward()
             tol = TOL[dtype]
             what = f"{shape} {dtype} overlap={overlap} bias={bias} panels={panels}"
-            close(f"y {what}", yl.detach(), block(y.detach(), mesh, r, c), tol)
-            close(f"dx {what}", xl.grad, block(x.grad, mesh, r, c), tol)
+            close(f"y {what}", yl.detach(), block(y.detach(), mesh), tol)
+            close(f"dx {what}", xl.grad, block(x.grad, mesh), tol)
             d = layer.to_dense()
             assert torch.equal(d.weight.detach(), dense.weight.detach()), what
             close(f"dW {what}", d.weight.grad, dense.weight.grad, tol)
@@ -107,19 +83,19 @@ def case_linear_2d():
 def case_mlp_2d_composes():
     """Two Linear2D layers with GELU between them: the output layout of one is the input layout
     of the next (no re-layout), float32 against the dense MLP."""
-    for shape, mesh in meshes():
-        r, c = shape
+    for mesh in meshes():
+        shape = r, c = mesh.shape
         torch.manual_seed(3)
         fc1, fc2 = nn.Linear(IN, 2 * IN), nn.Linear(2 * IN, IN)
         x = data((N, M, IN), 4, torch.float32).requires_grad_()
         y = fc2(torch.nn.functional.gelu(fc1(x)))
         y.square().sum().backward()
         l1, l2 = Linear2D.from_dense(fc1, mesh), Linear2D.from_dense(fc2, mesh)
-        xl = block(x.detach(), mesh, r, c).clone().requires_grad_()
+        xl = block(x.detach(), mesh).clone().requires_grad_()
         yl = l2(torch.nn.functional.gelu(l1(xl)))
         yl.square().sum().backward()
-        close(f"mlp y {shape}", yl.detach(), block(y.detach(), mesh, r, c), 1e-5)
-        close(f"mlp dx {shape}", xl.grad, block(x.grad, mesh, r, c), 1e-5)
+        close(f"mlp y {shape}", yl.detach(), block(y.detach(), mesh), 1e-5)
+        close(f"mlp dx {shape}", xl.grad, block(x.grad, mesh), 1e-5)
         for layer, ref in ((l1, fc1), (l2, fc2)):
             d = layer.to_dense()
             close(f"mlp dW {shape}", d.weight.grad, ref.weight.grad, 1e-5)
@@ -127,23 +103,23 @@ def case_mlp_2d_composes():
 
 
 def case_split_gather_2d():
-    for shape, mesh in meshes():
-        r, c = shape
+    for mesh in meshes():
+        shape = r, c = mesh.shape
         x = data((N, 3, IN), 5, torch.float64).requires_grad_()
         part = F.split_2d(x, mesh)
-        assert torch.equal(part, block(x, mesh, r, c))
+        assert torch.equal(part, block(x, mesh))
         full = F.gather_2d(part.detach().clone().requires_grad_(), mesh)
         assert torch.equal(full, x.detach()), shape
         # gather_2d's backward: each rank's loss counts, so a block's gradient is the sum over
         # the r*c ranks of that block of their gradients (here all alike: r*c times it)
-        xl = block(x.detach(), mesh, r, c).clone().requires_grad_()
+        xl = block(x.detach(), mesh).clone().requires_grad_()
         w = data((N, 3, IN), 6, torch.float64)
         (F.gather_2d(xl, mesh) * w).sum().backward()
-        assert torch.allclose(xl.grad, r * c * block(w, mesh, r, c)), shape
+        assert torch.allclose(xl.grad, r * c * block(w, mesh)), shape
         # split_2d is a differentiable slice
         (part * 2).sum().backward()
         want = torch.zeros_like(x)
-        block(want, mesh, r, c).fill_(2)
+        block(want, mesh).fill_(2)
         assert torch.equal(x.grad, want)
 
 

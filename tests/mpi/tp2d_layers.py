@@ -26,6 +26,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _harness import expect_error, main  # noqa: E402
+from _tp2d import block, close, data, mesh_of, meshes, rows  # noqa: E402
 
 import commlib  # noqa: E402
 from commlib.errors import CommMismatchError, CommTypeError  # noqa: E402
@@ -36,51 +37,8 @@ from commlib.nn.functional import cross_entropy_2d, traffic  # noqa: E402
 F64, F32, BF16 = torch.float64, torch.float32, torch.bfloat16
 RTOL = {F64: 1e-10, F32: 1e-5, BF16: 3e-2}  # max |got - want| <= RTOL * max |want|
 N, S, H, HEADS, FFN, V = 12, 4, 48, 12, 96, 36  # batch rows, sequence, width, heads, MLP, vocab
-_MESHES: dict = {}
-
-
-def meshes():
-    """(1, n), (n, 1) and (2, n/2) for even n >= 4 (built once: creating a mesh is collective)."""
-    n = commlib.get_world_size()
-    shapes = [(1, n), (n, 1)] + ([(2, n // 2)] if n % 2 == 0 and n >= 4 else [])
-    out = []
-    for shape in dict.fromkeys(shapes):
-        if shape not in _MESHES:
-            _MESHES[shape] = commlib.Mesh(shape)
-        out.append(_MESHES[shape])
-    return out
-
-
-def rows(t, mesh):
-    """Rows block i of dim 0."""
-    (r, _), (i, _) = mesh.shape, mesh.coords
-    n = t.shape[0] // r
-    return t.narrow(0, i * n, n)
-
-
-def block(t, mesh):
-    """Rows block i of dim 0, block j of the last dim: rank (i, j)'s part of the activation."""
-    (_, c), (_, j) = mesh.shape, mesh.coords
-    h = t.shape[-1] // c
-    return rows(t, mesh).narrow(-1, j * h, h)
-
-
-def data(shape, seed, dtype, scale=1.0, shift=0.0):
-    g = torch.Generator().manual_seed(seed)
-    return (shift + scale * torch.randn(shape, generator=g, dtype=F64)).to(dtype)
-
-
 def ids(shape, seed, high):
     return torch.randint(0, high, shape, generator=torch.Generator().manual_seed(seed))
-
-
-def close(name, got, want, rtol):
-    """``got`` (any dtype) within ``rtol * max |want|`` of ``want``."""
-    assert got is not None, f"{name}: no gradient"
-    assert got.shape == want.shape, (name, got.shape, want.shape)
-    err = (got.detach().double() - want.detach().double()).abs().max().item()
-    bound = rtol * max(want.detach().double().abs().max().item(), 1e-30)
-    assert err <= bound, f"{name}: max error {err:.3g} > {bound:.3g} (rank {commlib.get_rank()})"
 
 
 def same_module(name, got: nn.Module, dense: nn.Module, ref: nn.Module, rtol):
@@ -310,8 +268,7 @@ def case_layers_2d_errors():
     size and the multiple; wrong types and shapes raise typed errors naming the argument; bad
     token ids and targets raise on every rank (also ranks whose own rows are fine)."""
     n = commlib.get_world_size()
-    meshes()
-    wide, tall = _MESHES[(1, n)], _MESHES[(n, 1)]
+    wide, tall = mesh_of((1, n)), mesh_of((n, 1))
     if n > 1:
         bad = 4 * n + 1  # never a multiple of n > 1
         expect_error(lambda: LayerNorm2D(bad, mesh=wide), "nn.LayerNorm2D", "'normalized_shape'",
