@@ -101,17 +101,18 @@ import collections
 import math
 import os
 import sys
-import time
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, Sequence
 
 import torch
 
 from commlib.errors import CommArgumentError, CommConfigError, CommError, CommTypeError, arg_error
+from commlib.overlap.costs import measure
 from commlib.topology import load as load_topology
 from commlib.tuning import calibration
 from commlib.tuning.machine import plan_machine
 from commlib.tuning.model import DEFAULT_LINKS, HOP_LATENCY_US, LinkCost, Table, predict
+
 from ._panels import summa_panels
 
 __all__ = ["Comm", "Stage", "Prediction", "Row", "Machine", "CollectiveSeconds", "mlp_schedule",
@@ -695,29 +696,11 @@ def local_machine(tuning_file, engine: str, ranks: int, hosts: int = 1, *,
     return Machine(name, ranks, per_host, float(gflops), source, hosts > 1, table_of)
 
 
-def measure_gflops(dtype: torch.dtype = torch.float32, n: int = 1024, repeat: int = 3,
-                   device: str = "cpu") -> float:
-    """This process's ``torch.mm`` rate in GFLOP/s on ``n``-square ``dtype`` operands: best of
-    ``repeat`` after a warm-up (with every thread torch uses: ranks sharing the cores get less)."""
-    fn = "nn.tp_plan.measure_gflops"
-    n, repeat = _int(fn, "n", n), _int(fn, "repeat", repeat)
-    g = torch.Generator().manual_seed(0)
-    a, b = (torch.randn(n, n, generator=g).to(device=device, dtype=dtype) for _ in range(2))
-    out = torch.empty_like(a)
-
-    def sync():
-        if torch.device(device).type == "cuda":
-            torch.cuda.synchronize(device)
-
-    torch.mm(a, b, out=out)
-    sync()
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        torch.mm(a, b, out=out)
-        sync()
-        best = min(best, time.perf_counter() - t0)
-    return 2.0 * n ** 3 / max(best, 1e-9) / 1e9
+def measure_gflops(dtype: torch.dtype = torch.float32, device: str = "cpu") -> float:
+    """This process's matmul rate in GFLOP/s for ``dtype`` on ``device``: the rate the collective
+    matmul planner measures (:func:`commlib.overlap.costs.measure`, once per process, with every
+    thread torch uses: ranks sharing the cores get less)."""
+    return measure(dtype, device)[0] / 1e9
 
 
 # --------------------------------------------------------------------------------------------
@@ -810,7 +793,7 @@ def main(argv=None) -> int:
                        help="p: ranks of both schemes (default: every GPU of the cluster)")
     where.add_argument("--gflops", type=float, default=None,
                        help="GEMM rate per rank, GFLOP/s (default: the catalog GPU's assumed "
-                            "rate; --local: measured with torch.mm)")
+                            "rate; --local: measured, as commlib.overlap measures it)")
     model = parser.add_argument_group("model")
     model.add_argument("--model", choices=("block", "mlp"), default="block")
     model.add_argument("--hidden", type=int, required=True)
@@ -843,7 +826,7 @@ def main(argv=None) -> int:
             machine = local_machine(args.tuning_file, args.engine, args.ranks, args.hosts,
                                     gflops=gflops)
             if args.gflops is None:
-                machine.gflops_source = f"measured with torch.mm {dtype}, one process"
+                machine.gflops_source = f"measured {dtype} matmul rate, one process"
         else:
             system = args.topology
             if os.path.exists(system):
