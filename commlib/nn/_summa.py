@@ -18,7 +18,8 @@ Per panel:
 Overlap: panel p+1's broadcasts are posted (asynchronously) before panel p's GEMMs and advance
 while they run (commlib's progress thread); the backward's reductions are posted as soon as a
 panel's partial is computed and drained one panel behind, so at most two panels of partials are
-alive. A rank that owns a panel broadcasts it from its own block without a copy when the block
+alive. The backward computes a panel's dW partial before its dx partial: that one needs only x's
+panel, so W's may still be arriving, and dW's reduction then travels during the dx GEMM. A rank that owns a panel broadcasts it from its own block without a copy when the block
 is one panel (the default L = lcm(r, c) on a square mesh), and reduces into its gradient block
 directly; finer panels (``panels=``) cost the owner one copy of its slice.
 
@@ -64,8 +65,9 @@ def panels_of(r: int, c: int, in_features: int, count: int | None = None) -> Pan
     return Panels(count, in_features // count, count // c, count // r)
 
 
-def _post(x2: torch.Tensor, w: torch.Tensor, grid: Grid, pn: Panels, p: int, async_op: bool):
-    """Broadcast panel p of x along the row and of W along the column: (x_p, W_p, works)."""
+def _post(x2, w, grid: Grid, pn: Panels, p: int, async_op: bool):
+    """Broadcast panel p of x along the row and of W along the column: (x_p, its works, W_p,
+    its works)."""
     (ja, oa), (ib, ob), k = pn.a_owner(p), pn.b_owner(p), pn.width
     if grid.j == ja:
         a = x2 if pn.a_per == 1 else x2[:, oa:oa + k].contiguous()
@@ -77,20 +79,26 @@ def _post(x2: torch.Tensor, w: torch.Tensor, grid: Grid, pn: Panels, p: int, asy
         b = w.new_empty((w.shape[0], k))
     works = (_traffic.broadcast(a, ja, grid.row, async_op),
              _traffic.broadcast(b, ib, grid.col, async_op))
-    return a, b, [wk for wk in works if wk is not None]
+    return a, [wk for wk in works[:1] if wk], b, [wk for wk in works[1:] if wk]
+
+
+def _wait(works: list) -> None:
+    while works:
+        works.pop(0).wait()
 
 
 def _panels(x2, w, grid: Grid, pn: Panels, overlap: bool):
-    """Yield ``(p, x_p, W_p)`` for every panel in order; with ``overlap`` panel p+1's broadcasts
-    travel while the caller works on panel p."""
+    """Yield ``(p, x_p, W_p, W_p's works)`` for every panel in order: x_p has arrived, W_p has
+    once the caller ``_wait``s its works (the backward needs x_p first); with ``overlap``
+    panel p+1's broadcasts travel while the caller works on panel p."""
     pending = _post(x2, w, grid, pn, 0, overlap)
     for p in range(pn.count):
-        a, b, works = pending
+        a, a_works, b, b_works = pending
         if overlap and p + 1 < pn.count:
             pending = _post(x2, w, grid, pn, p + 1, True)
-        for wk in works:
-            wk.wait()
-        yield p, a, b
+        _wait(a_works)
+        yield p, a, b, b_works
+        _wait(b_works)  # if the caller did not need W_p: never left in flight
         if not overlap and p + 1 < pn.count:
             pending = _post(x2, w, grid, pn, p + 1, False)
 
@@ -107,7 +115,8 @@ def summa_forward(x2: torch.Tensor, w: torch.Tensor, grid: Grid, pn: Panels,
                   overlap: bool) -> torch.Tensor:
     """``x2`` (T/r, in/c) times the dense ``W^T``'s (i, j) block: (T/r, out/c) in x's dtype."""
     acc = None
-    for _, a, b in _panels(x2, w, grid, pn, overlap):
+    for _, a, b, b_works in _panels(x2, w, grid, pn, overlap):
+        _wait(b_works)
         if acc is None:
             acc = _mm(a, b.t())  # float32 for the low-precision dtypes: accumulated there
         elif a.dtype in _LOW:
@@ -145,21 +154,26 @@ def summa_backward(dy2, x2, w, grid: Grid, pn: Panels, overlap: bool, need_dx: b
     dw = torch.empty_like(w) if need_dw else None
     k = pn.width
     reductions = _Reductions()
-    for p, a, b in _panels(x2, w, grid, pn, overlap):
+    for p, a, b, b_works in _panels(x2, w, grid, pn, overlap):
         posted = 0
-        if need_dx:  # dC B_p^T, summed along the row into the owner of x's panel p
-            ja, oa = pn.a_owner(p)
-            mine = grid.j == ja
-            buf = dx if mine and pn.a_per == 1 else x2.new_empty((x2.shape[0], k))
-            _mm(dy2, b, out=buf)
-            reductions.post(buf, dx[:, oa:oa + k] if mine else None, ja, grid.row, overlap)
-            posted += 1
+        # dW before dx: it needs x's panel (along the row) while W's (along the column) may still
+        # travel, and its reduction, posted first, travels during the dx GEMM. On a mesh from
+        # Mesh.from_topology the column is the group that crosses hosts: its reduction is the
+        # slow one, and it is no longer the layer's exposed tail (measured in the docs).
         if need_dw:  # (x_p^T dC)^T = dC^T x_p, summed along the column into W's panel owner
             ib, ob = pn.b_owner(p)
             mine = grid.i == ib
             part = dw if mine and pn.b_per == 1 else w.new_empty((w.shape[0], k))
             _mm(dy2.t(), a, out=part)
             reductions.post(part, dw[:, ob:ob + k] if mine else None, ib, grid.col, overlap)
+            posted += 1
+        if need_dx:  # dC B_p^T, summed along the row into the owner of x's panel p
+            _wait(b_works)
+            ja, oa = pn.a_owner(p)
+            mine = grid.j == ja
+            buf = dx if mine and pn.a_per == 1 else x2.new_empty((x2.shape[0], k))
+            _mm(dy2, b, out=buf)
+            reductions.post(buf, dx[:, oa:oa + k] if mine else None, ja, grid.row, overlap)
             posted += 1
         reductions.drain(keep=posted)  # the previous panel's are done (or nearly): bounded memory
     reductions.drain()
