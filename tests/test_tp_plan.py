@@ -113,13 +113,17 @@ def test_time_with_and_without_overlap():
     assert plain.compute_seconds == pytest.approx(0.576)
     assert plain.comm_seconds == pytest.approx(2 * (4 + 8 + 1) * 1e-3)
     assert plain.seconds == pytest.approx(0.576 + 0.026)
-    # GEMM-bound: only each layer's first panel's collectives and the bias all-reduce show
+    # GEMM-bound: each layer's first panel's broadcasts forward, its first X broadcast and last
+    # dX reduce backward (W's broadcast and dW's reduce hide behind the dW and dX GEMM halves),
+    # and the bias all-reduce show
     hidden = predict_mlp(8, 4, 6, gflops=1e-6, overlap=True, **kw)
     assert hidden.comm_seconds == plain.comm_seconds
-    assert hidden.seconds == pytest.approx(0.576 + 2 * (2e-3 + 4e-3 + 1e-3))
-    # comm-bound: P + (L-1)·P + G per layer: all of the communication shows, half the GEMMs hide
+    assert hidden.seconds == pytest.approx(0.576 + 2 * (2e-3 + 2e-3 + 1e-3))
+    # comm-bound: forward P + (L-1)·P + G per layer, backward L·P (W's broadcast and dW's reduce
+    # cover its GEMM halves): all of the communication shows, and only the forward GEMMs
+    # (96 flops per layer's panel) add to it
     fast = predict_mlp(8, 4, 6, gflops=1.0, overlap=True, **kw)
-    assert fast.seconds == pytest.approx(0.026 + 576e-9 / 2)
+    assert fast.seconds - 0.026 == pytest.approx(2 * 48e-9)
     # 1D has nothing to overlap
     a = predict_mlp(8, 4, 8, p=4, dtype_bytes=4, comm=ms, gflops=1e-6, overlap=True)
     b = predict_mlp(8, 4, 8, p=4, dtype_bytes=4, comm=ms, gflops=1e-6, overlap=False)

@@ -63,8 +63,11 @@ block's attention (QK^T and PV: 4·T·S·H/p flops forward, twice that backward,
 a GEMM too; softmax, GELU, LayerNorm and other elementwise work are not counted. Without overlap a
 layer costs its collectives plus its GEMMs. With overlap (2D: panel k+1's collectives are issued
 before panel k's GEMM) a layer of K panels with per-panel collectives P and per-panel GEMM G costs
-``P + (K-1)·max(P, G) + G``, plus whatever it issues once (bias and LayerNorm all-reduces, exposed;
-the layer posts the bias all-reduce asynchronously, so this is a bound).
+``P + (K-1)·max(P, G) + G`` forward; backward computes each panel's dW half before its dX half,
+so only X's broadcast opens the pass exposed (W's travels during the dW half) and the last
+panel's dX reduction closes it (dW's travels during the dX half): ``bx + (bw - G/2)+ + (K-1)·max(P,
+G) + G + rx + (rw - G/2)+``. Plus whatever a layer issues once (bias and LayerNorm all-reduces,
+exposed; the layer posts the bias all-reduce asynchronously, so this is a bound).
 1D's all-reduces sit on the critical path: overlap changes nothing there. A panel's row and column
 collectives are added (taken as running one after the other, though they use different links).
 commlib's model prices a broadcast and a reduce as a binomial tree, ceil(log2 g)·(α + nβ) (the
@@ -392,6 +395,17 @@ def _seconds(c: Comm, lay: _Layout, comm: CollectiveSeconds) -> float:
     return float(comm(c.collective, nbytes, size, stride))
 
 
+def _ends(st: Stage, lay: _Layout, comm: CollectiveSeconds, gemm: float, per_panel: float) -> float:
+    """The exposed ends of an overlapped SUMMA pass: the first panel's collectives before its
+    GEMM; in backward (broadcasts X, W, reductions dX, dW: ``_linear_2d``) the dW half of a
+    panel's GEMM needs only X's panel, so W's travels during it, and the last panel's dW
+    reduction during its dX half: ``bx + (bw - G/2)+`` ahead, ``rx + (rw - G/2)+`` behind."""
+    if st.phase != "backward" or len(st.pipelined) != 4:
+        return per_panel
+    bx, bw, rx, rw = (_seconds(c, lay, comm) for c in st.pipelined)
+    return bx + max(0.0, bw - gemm / 2) + rx + max(0.0, rw - gemm / 2)
+
+
 def _price(stages: list[Stage], lay: _Layout, s: int, comm: CollectiveSeconds, gflops: float,
            overlap: bool, times: int = 1) -> Prediction:
     total = comm_total = compute_total = 0.0
@@ -404,7 +418,8 @@ def _price(stages: list[Stage], lay: _Layout, s: int, comm: CollectiveSeconds, g
         compute = st.flops / rate
         if overlap and panels:
             gemm = compute / panels
-            body = per_panel + (panels - 1) * max(per_panel, gemm) + gemm
+            body = (_ends(st, lay, comm, gemm, per_panel) + (panels - 1) * max(per_panel, gemm)
+                    + gemm)
         else:
             body = panels * per_panel + compute
         total += body + once
