@@ -15,13 +15,14 @@ Per panel:
   along the column to its owner. One loop does both, re-broadcasting the panels rather than
   keeping them from the forward (activation memory stays one block).
 
-Overlap: panel p+1's broadcasts are posted (asynchronously) before panel p's GEMMs and advance
-while they run (commlib's progress thread); the backward's reductions are posted as soon as a
-panel's partial is computed and drained one panel behind, so at most two panels of partials are
-alive. The backward computes a panel's dW partial before its dx partial: that one needs only x's
-panel, so W's may still be arriving, and dW's reduction then travels during the dx GEMM. A rank that owns a panel broadcasts it from its own block without a copy when the block
-is one panel (the default L = lcm(r, c) on a square mesh), and reduces into its gradient block
-directly; finer panels (``panels=``) cost the owner one copy of its slice.
+Overlap: panel p+1's broadcasts are posted (asynchronously) before panel p's GEMMs and advance while
+they run (commlib's progress thread); the backward's reductions are posted as soon as a panel's
+partial is computed and drained one panel behind, so at most two panels of partials are alive. The
+backward computes a panel's dW partial before its dx partial: that one needs only x's panel, so W's
+may still be arriving, and dW's reduction then travels during the dx GEMM. A rank that owns a panel
+broadcasts it from its own block without a copy when the block is one panel (the default L = lcm(r,
+c) on a square mesh), and reduces into its gradient block directly; finer panels (``panels=``) cost
+the owner one copy of its slice.
 
 Precision: float32 and float64 compute as they are; bfloat16 and float16 panels are multiplied in
 float32 and accumulated over panels in float32 (the output is rounded once); the backward's
