@@ -218,21 +218,31 @@ def _check_ranks(fn: str, ranks, world_size: int) -> list[int]:
 
 
 def new_group(ranks: Sequence[int] | None = None, *, name: str | None = None,
-              timeout: float | None = None) -> Group:
-    """Create a group of world ranks ``ranks`` (in that order; default all).
+              timeout: float | None = None, group: Group | None = None) -> Group:
+    """Create a group of world ranks ``ranks`` (in that order; default all of ``group``).
 
-    Collective over the world: every rank calls it with the same ``ranks``, as with
-    ``torch.distributed.new_group``. Ranks outside ``ranks`` get a Group whose ``rank`` is -1 and
-    on which collectives raise ``CommStateError``.
+    Collective over ``group`` (default the world): every rank of it calls it with the same
+    ``ranks``, as with ``torch.distributed.new_group``; ``ranks`` must be ranks of ``group``.
+    Ranks outside ``ranks`` get a Group whose ``rank`` is -1 and on which collectives raise
+    ``CommStateError``.
     """
+    parent = get_world_group() if group is None else resolve_group(group, "new_group")
     world = get_world_group()
-    ranks = list(range(world.size)) if ranks is None else _check_ranks("new_group", ranks, world.size)
-    backend = world.backend.new_subgroup(ranks)
+    if ranks is None:
+        ranks = list(parent.ranks)
+    else:
+        ranks = _check_ranks("new_group", ranks, world.size)
+        outside = [r for r in ranks if r not in parent.ranks]
+        if outside:
+            raise arg_error("new_group", "ranks", ranks,
+                            f"ranks {outside} are not in the parent group {parent.name}",
+                            "pass ranks of `group`, or create the group over the world")
+    backend = parent.backend.new_subgroup([parent.group_rank(r) for r in ranks])
     name = name or f"group{len(_state.groups)}{_short(ranks)}"
-    group = Group(backend, ranks, name,
-                  world.timeout if timeout is None else (timeout or None), world.debug)
-    _state.groups.append(group)
-    return group
+    made = Group(backend, ranks, name, parent.timeout if timeout is None else (timeout or None),
+                 parent.debug)
+    _state.groups.append(made)
+    return made
 
 
 def _short(ranks: Sequence[int]) -> str:

@@ -16,45 +16,13 @@ A group of one rank sends nothing and runs no collective.
 
 from __future__ import annotations
 
-import contextlib
-from dataclasses import dataclass, field
-
 import torch
 
 import commlib
+from commlib.api.traffic import Traffic, count as _count, traffic
 
 __all__ = ["Traffic", "traffic", "broadcast", "reduce", "all_reduce", "all_gather",
            "reduce_scatter"]
-
-
-@dataclass
-class Traffic:
-    """``sent``: bytes this rank sent inside the ``with`` block; ``by_kind``: per collective."""
-    sent: int = 0
-    by_kind: dict = field(default_factory=dict)
-
-    def add(self, kind: str, nbytes: int) -> None:
-        self.sent += nbytes
-        self.by_kind[kind] = self.by_kind.get(kind, 0) + nbytes
-
-
-_ACTIVE: list[Traffic] = []  # process-wide: autograd may run backward on another thread
-
-
-@contextlib.contextmanager
-def traffic():
-    """Count the bytes this rank sends through commlib.nn's layers inside the block."""
-    t = Traffic()
-    _ACTIVE.append(t)
-    try:
-        yield t
-    finally:
-        _ACTIVE.remove(t)
-
-
-def _count(kind: str, nbytes: int) -> None:
-    for t in _ACTIVE:
-        t.add(kind, nbytes)
 
 
 def broadcast(t: torch.Tensor, root: int, g, async_op: bool = False):
