@@ -7,7 +7,8 @@ Phases (each rank takes part in what its tasks name):
 2. Every task's transfers are posted together, asynchronously: sends and receives (user channel,
    tag = the task's index, so that the order of posting cannot mismatch two tasks between the same
    pair of ranks), broadcasts over the task's group, the all-gather mode's scatter; local copies.
-3. Once those arrive, the all-gather mode's all-gathers among the receivers, all at once.
+3. The all-gather mode's receivers forward each chunk of their part to the other receivers as it
+   lands (the all-gather runs under the scatter; in ``wait()`` for ``async_op=True``).
 4. Each received tile is copied into the destination shard.
 
 Groups (broadcast and all-gather groups, Partial replica groups) are created collectively over the
@@ -27,7 +28,7 @@ from commlib.api.traffic import count
 from commlib.errors import CommTypeError, arg_error
 
 from .layout import Layout, Shard
-from .planner import STRATEGIES, ReshardPlan, _check_shape, _group_facts, _plan, check_inputs
+from .planner import CHUNK, STRATEGIES, ReshardPlan, _check_shape, _group_facts, _plan, check_inputs
 
 __all__ = ["reshard", "ReshardWork"]
 
@@ -123,6 +124,12 @@ def _groups(p: ReshardPlan, g) -> dict:
     return made
 
 
+def _chunks(lo: int, hi: int, itemsize: int) -> list[tuple[int, int]]:
+    """[lo, hi) in pieces of at most ``CHUNK`` bytes."""
+    step = max(CHUNK // itemsize, 1)
+    return [(a, min(a + step, hi)) for a in range(lo, hi, step)]
+
+
 def _count(hosts: dict, a: int, b: int, nbytes: int) -> None:
     count("reshard.intra" if hosts.get(a) == hosts.get(b) else "reshard.cross", nbytes)
 
@@ -212,7 +219,8 @@ def _start(p: ReshardPlan, groups: dict, g, rank: int, local, sbox):
                     commlib.all_reduce(source, group=groups[ranks])
     dbox = p.dst.box(rank, shape)
     out = None if dbox is None else torch.empty(tuple(hi - lo for lo, hi in dbox), dtype=p.dtype)
-    works, landed, gathers = [], [], []
+    works, landed, relay = [], [], []  # relay: (recv, chunk, forward to, tag)
+    itemsize = torch.empty((), dtype=p.dtype).element_size()
     for k, t in enumerate(p.tasks):
         tag = 1000 + k % _TAG_SPAN
         if rank in t.local:
@@ -240,40 +248,34 @@ def _start(p: ReshardPlan, groups: dict, g, rank: int, local, sbox):
                 buf = torch.empty(tile_shape, dtype=p.dtype)
                 landed.append((t, buf))
             works.append(commlib.broadcast(buf, group=grp, group_src=0, async_op=True))
-        else:  # allgather: the sender scatters parts, the receivers all-gather them
-            part, m = t.part(), len(t.receivers)
-            if rank == t.sender:
-                flat = tile.reshape(-1)
-                for i, r in enumerate(t.receivers):
-                    lo, hi = min(i * part, t.numel), min((i + 1) * part, t.numel)
-                    _count(hosts, rank, r, (hi - lo) * tile.element_size())
-                    works.append(commlib.isend(flat[lo:hi], dst=r, group=g, tag=tag))
-            else:
-                i = t.receivers.index(rank)
-                whole = torch.zeros(m * part, dtype=p.dtype)
-                lo, hi = min(i * part, t.numel), min((i + 1) * part, t.numel)
-                if hi > lo:
-                    works.append(commlib.irecv(whole[lo:hi], src=t.sender, group=g, tag=tag))
-                gathers.append((t, whole, i))
+        else:  # allgather: the sender scatters parts, each receiver forwards its own
+            flat = tile.reshape(-1) if rank == t.sender else None
+            whole = None
+            if rank != t.sender:
+                whole = torch.empty(t.numel, dtype=p.dtype)
+                landed.append((t, whole))
+            for i, r in enumerate(t.receivers):
+                lo, hi = t.span(i)
+                for a, b in _chunks(lo, hi, itemsize):
+                    if rank == t.sender:
+                        _count(hosts, rank, r, (b - a) * itemsize)
+                        works.append(commlib.isend(flat[a:b], dst=r, group=g, tag=tag))
+                    elif rank == r:
+                        relay.append((commlib.irecv(whole[a:b], src=t.sender, group=g, tag=tag),
+                                      whole[a:b], [x for x in t.receivers if x != rank], tag))
+                    else:
+                        works.append(commlib.irecv(whole[a:b], src=r, group=g, tag=tag))
 
     def finish():
+        for recv, piece, others, tag in relay:  # forward each chunk of my part as it lands
+            recv.wait()
+            for r in others:
+                _count(hosts, rank, r, piece.numel() * itemsize)
+                works.append(commlib.isend(piece, dst=r, group=g, tag=tag))
         for w in works:
             w.wait()
-        pending = []
-        for t, whole, i in gathers:
-            part = t.part()
-            for r in t.receivers:
-                if r != rank:
-                    _count(hosts, rank, r, part * whole.element_size())
-            mine = whole[i * part:(i + 1) * part].clone()
-            pending.append(commlib.all_gather_into_tensor(
-                whole, mine, group=groups[t.receivers], async_op=True))
-        for w in pending:
-            w.wait()
         for t, buf in landed:
-            out[_slices(t.box, dbox)] = buf
-        for t, whole, _ in gathers:
-            out[_slices(t.box, dbox)] = whole[:t.numel].view(tuple(hi - lo for lo, hi in t.box))
+            out[_slices(t.box, dbox)] = buf.view(tuple(hi - lo for lo, hi in t.box))
         return out
 
     return finish

@@ -15,7 +15,9 @@ lowers the busiest sender's time. Deterministic: every rank computes the same pl
 **Modes** per task with m network receivers (one receiver: a send): ``sendrecv`` (the sender sends
 the tile to each receiver), ``broadcast`` (one broadcast over the sender and the receivers),
 ``allgather`` (the sender sends 1/m of the tile to each receiver, across the slow link once, and
-the receivers all-gather the parts among themselves: Alpa's local all-gather). ``auto`` prices
+the receivers all-gather the parts among themselves, Alpa's local all-gather: here each receiver
+forwards its part in chunks of ``CHUNK`` bytes as they arrive, so the all-gather runs under the
+scatter and only the last chunk's forwarding follows it). ``auto`` prices
 the three on the cost model (``commlib.tuning``: the group's link between ranks of a host and
 between hosts) and takes the cheapest; ``strategy=`` forces one for comparison.
 
@@ -25,9 +27,10 @@ group of replicas); then every replica is a sender.
 **Bytes** are *logical* (what the executor counts, ``commlib.nn.functional.traffic()``'s
 ``reshard.cross`` / ``reshard.intra``): a send of n bytes costs the sender n; a broadcast over g
 ranks costs the root (g-1)·n; the all-gather mode costs the sender the tile once (n, in parts of
-ceil(E/m) elements) and each receiver (m-1) padded parts; a Partial all-reduce over g ranks costs
-each 2(g-1)/g·n (floored). A byte is ``cross`` when its two ranks are on different hosts (a
-broadcast: root to each receiver; an all-reduce: a rank to its successor in the group's order).
+ceil(E/m) elements, the last ones smaller or empty) and each receiver its part m-1 times; a Partial
+all-reduce over g ranks costs each 2(g-1)/g·n (floored). A byte is ``cross`` when its two ranks are
+on different hosts (a broadcast: root to each receiver; an all-reduce: a rank to its successor in
+the group's order).
 
 **Time**: the Partial all-reduces, then the longest of every rank's sends (serial at the rank)
 and every host link's bytes (shared by the ranks of a host), then the longest all-gather stage.
@@ -49,6 +52,7 @@ from .layout import Layout
 __all__ = ["Task", "ReshardPlan", "plan", "STRATEGIES"]
 
 STRATEGIES = ("auto", "sendrecv", "broadcast", "allgather")
+CHUNK = 1 << 20  # the all-gather mode forwards parts in chunks of this many bytes
 _SEARCH_PASSES = 8  # the bounded search after the greedy: at most this many improving sweeps
 
 
@@ -72,6 +76,11 @@ class Task:
     def part(self) -> int:
         """The all-gather mode's part: ceil(numel / receivers) elements."""
         return -(-self.numel // max(len(self.receivers), 1))
+
+    def span(self, i: int) -> tuple[int, int]:
+        """Elements [lo, hi) of the flattened tile in the all-gather mode's part i."""
+        part = self.part()
+        return min(i * part, self.numel), min((i + 1) * part, self.numel)
 
 
 @dataclass
@@ -147,13 +156,21 @@ def _mode_seconds(mode: str, sender: int, receivers: Sequence[int], nbytes: int,
     if mode == "sendrecv":
         return max(sum(links.step(sender, r, nbytes) for r in receivers), far * nbytes * wire), 0.0
     if mode == "broadcast":
+        # the engine's: a binomial tree, or for large messages a scatter and a ring all-gather
+        # (van de Geijn; MPICH's), about 2 (g-1)/g n on the slowest link
         g = len(receivers) + 1
-        tree = math.ceil(math.log2(g)) * links.slowest([sender, *receivers]).step(nbytes)
-        return max(tree, far * nbytes * wire), 0.0
+        link = links.slowest([sender, *receivers])
+        steps = math.ceil(math.log2(g))
+        tree = max(steps * link.step(nbytes), far * nbytes * wire)
+        return min(tree, steps * link.alpha + 2 * (g - 1) * nbytes * link.beta / g), 0.0
     m = len(receivers)
     part = -(-nbytes // itemsize // m) * itemsize
-    scatter = sum(links.step(sender, r, part) for r in receivers)
-    return max(scatter, far * part * wire), (m - 1) * links.slowest(receivers).step(part)
+    scatter = max(sum(links.step(sender, r, part) for r in receivers), far * part * wire)
+    among = links.slowest(receivers)
+    # each receiver forwards its part chunk by chunk while the scatter runs: what is left after
+    # it, and the last chunk's forwarding
+    behind = max((m - 1) * among.step(part) - scatter, 0.0)
+    return scatter, behind + (m - 1) * among.step(min(part, CHUNK))
 
 
 def _modes_allowed(strategy: str, m: int) -> tuple[str, ...]:
@@ -360,14 +377,12 @@ def _plan(shape, dtype, src: Layout, dst: Layout, strategy: str, hosts: dict, ta
             for r in remote:
                 add(s, r, nbytes)
         else:
-            part = task.part()
             for i, r in enumerate(remote):
-                lo, hi = min(i * part, task.numel), min((i + 1) * part, task.numel)
+                lo, hi = task.span(i)
                 add(s, r, (hi - lo) * itemsize)
-            for a in remote:
                 for b in remote:
-                    if a != b:
-                        add(a, b, part * itemsize)
+                    if b != r:
+                        add(r, b, (hi - lo) * itemsize)
         for r in remote:
             if links.kind(s, r) == "cross":
                 key = (hosts.get(s), hosts.get(r))
