@@ -44,6 +44,7 @@ from typing import Sequence
 
 import torch
 
+from commlib.api.groups import is_initialized, resolve_group
 from commlib.errors import CommTypeError, arg_error
 from commlib.tuning.model import DEFAULT_LINKS, LinkCost
 
@@ -242,9 +243,8 @@ def plan(global_shape: Sequence[int], dtype: torch.dtype, src: Layout, dst: Layo
     ``"broadcast"`` or ``"allgather"`` on every task with several receivers."""
     fn = "reshard.plan"
     members = None
-    if group is not None or (hosts is None and _initialized()):
-        from commlib.api.groups import resolve_group  # the group only; no communication
-        g = resolve_group(group, fn)
+    if group is not None or (hosts is None and is_initialized()):
+        g = resolve_group(group, fn)  # the group's facts only; no communication
         members = g.ranks
         facts_hosts, facts_table = _group_facts(g)
         hosts = facts_hosts if hosts is None else hosts
@@ -255,11 +255,6 @@ def plan(global_shape: Sequence[int], dtype: torch.dtype, src: Layout, dst: Layo
     elif not isinstance(hosts, dict):
         hosts = dict(enumerate(hosts))
     return _plan(shape, dtype, src, dst, strategy, hosts, table)
-
-
-def _initialized() -> bool:
-    from commlib.api.groups import is_initialized
-    return is_initialized()
 
 
 def _plan(shape, dtype, src: Layout, dst: Layout, strategy: str, hosts: dict, table) -> ReshardPlan:
