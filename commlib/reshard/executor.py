@@ -25,7 +25,7 @@ import torch
 import commlib
 from commlib.api.entry import checked_call
 from commlib.api.traffic import count
-from commlib.errors import CommTypeError, arg_error
+from commlib.errors import CommArgumentError, CommTypeError, arg_error
 
 from .layout import Layout, Shard
 from .planner import CHUNK, STRATEGIES, ReshardPlan, _check_shape, _group_facts, _plan, check_inputs
@@ -34,6 +34,7 @@ __all__ = ["reshard", "ReshardWork"]
 
 _MAX_DIMS = 16
 _TAG_SPAN = 30000  # user tags 1000..30999: tasks' sends (commlib allows 0..32767)
+_SEQ: dict = {}  # group name -> reshard calls so far (the same count on every rank)
 _CACHE: dict = {}  # (group ranks, shape, dtype, src, dst, strategy) -> (plan, groups)
 _CODES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
           torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128]
@@ -155,6 +156,7 @@ def reshard(local, src: Layout, dst: Layout, *, global_shape=None, dtype=None, g
                     dtype=None if dtype is None else str(dtype))
     if shape is None:  # every rank learns every source shard's shape: the checks agree
         shape, dtype = _metadata(fn, g, local, src, global_shape, dtype)
+        check_inputs(fn, shape, dtype, src, dst, strategy, g.ranks)  # dst against the shape
         _check_local(fn, local, src, rank, shape, dtype)
     key = (g.ranks, g.name, shape, dtype, src.key(), dst.key(), strategy)
     if key not in _CACHE:
@@ -162,7 +164,10 @@ def reshard(local, src: Layout, dst: Layout, *, global_shape=None, dtype=None, g
         p = _plan(shape, dtype, src, dst, strategy, hosts, table)
         _CACHE[key] = (p, _groups(p, g))
     p, groups = _CACHE[key]
-    finish = _start(p, groups, g, rank, local, src.box(rank, shape))
+    # every call of the group gets its own tags: two reshards in flight never match each
+    # other's messages (their tasks' indices repeat), whatever order they are waited in
+    _SEQ[g.name] = seq = _SEQ.get(g.name, 0) + 1
+    finish = _start(p, groups, g, rank, local, src.box(rank, shape), seq)
     if async_op:
         return ReshardWork(finish)
     return finish()
@@ -182,7 +187,7 @@ def _check_local(fn: str, local, src: Layout, rank: int, shape, dtype) -> None:
                     f"{list(sbox)} of {list(shape)} under {src})",
                     "pass this rank's piece of the tensor under the source layout "
                     "(commlib.reshard.Layout.box gives its index range)",
-                    CommTypeError if not isinstance(local, torch.Tensor) else None)
+                    CommTypeError if not isinstance(local, torch.Tensor) else CommArgumentError)
 
 
 def _check_layouts(fn: str, src, dst, strategy, members) -> None:
@@ -203,7 +208,7 @@ def _check_layouts(fn: str, src, dst, strategy, members) -> None:
                         'pass strategy="auto" (the cost model chooses per task)')
 
 
-def _start(p: ReshardPlan, groups: dict, g, rank: int, local, sbox):
+def _start(p: ReshardPlan, groups: dict, g, rank: int, local, sbox, seq: int):
     """Post phases 1-2 now; return the function that finishes 3-4."""
     hosts, shape = p.hosts, p.global_shape
     source = None
@@ -222,7 +227,7 @@ def _start(p: ReshardPlan, groups: dict, g, rank: int, local, sbox):
     works, landed, relay = [], [], []  # relay: (recv, chunk, forward to, tag)
     itemsize = torch.empty((), dtype=p.dtype).element_size()
     for k, t in enumerate(p.tasks):
-        tag = 1000 + k % _TAG_SPAN
+        tag = 1000 + (seq * len(p.tasks) + k) % _TAG_SPAN
         if rank in t.local:
             out[_slices(t.box, dbox)] = source[_slices(t.box, sbox)]
         if t.sender is None or (rank != t.sender and rank not in t.receivers):
