@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from commlib.api.groups import Mesh
+from commlib.api.groups import Mesh, _unravel
 from commlib.errors import CommTypeError, arg_error
 
 __all__ = ["Shard", "Replicate", "Partial", "Layout", "chunk"]
@@ -80,14 +80,6 @@ def _mesh_ranks(fn: str, arg: str, ranks) -> tuple[tuple[int, ...], tuple[int, .
         raise arg_error(fn, arg, ranks, "must list distinct non-negative world ranks",
                         "list each rank of the mesh once")
     return tuple(t.shape), flat
-
-
-def _unravel(index: int, shape: Sequence[int]) -> tuple[int, ...]:
-    coords = []
-    for s in reversed(shape):
-        coords.append(index % s)
-        index //= s
-    return tuple(reversed(coords))
 
 
 class Layout:
