@@ -125,6 +125,17 @@ def _groups(p: ReshardPlan, g) -> dict:
     return made
 
 
+def _landing(out: torch.Tensor, t, dbox, landed: list) -> torch.Tensor:
+    """Where task ``t``'s tile is received: straight into the destination shard when the tile is
+    a contiguous block of it (a whole shard, rows of it), else a buffer copied in at the end."""
+    view = out[_slices(t.box, dbox)]
+    if view.is_contiguous():
+        return view
+    buf = torch.empty(view.shape, dtype=out.dtype)
+    landed.append((t, buf))
+    return buf
+
+
 def _chunks(lo: int, hi: int, itemsize: int) -> list[tuple[int, int]]:
     """[lo, hi) in pieces of at most ``CHUNK`` bytes."""
     step = max(CHUNK // itemsize, 1)
@@ -233,16 +244,14 @@ def _start(p: ReshardPlan, groups: dict, g, rank: int, local, sbox, seq: int):
         if t.sender is None or (rank != t.sender and rank not in t.receivers):
             continue
         tile = source[_slices(t.box, sbox)].contiguous() if rank == t.sender else None
-        tile_shape = tuple(hi - lo for lo, hi in t.box)
         if t.mode == "sendrecv":
             if rank == t.sender:
                 for r in t.receivers:
                     _count(hosts, rank, r, t.nbytes)
                     works.append(commlib.isend(tile, dst=r, group=g, tag=tag))
             else:
-                buf = torch.empty(tile_shape, dtype=p.dtype)
+                buf = _landing(out, t, dbox, landed)
                 works.append(commlib.irecv(buf, src=t.sender, group=g, tag=tag))
-                landed.append((t, buf))
         elif t.mode == "broadcast":
             grp = groups[(t.sender,) + t.receivers]
             if rank == t.sender:
@@ -250,15 +259,13 @@ def _start(p: ReshardPlan, groups: dict, g, rank: int, local, sbox, seq: int):
                     _count(hosts, rank, r, t.nbytes)
                 buf = tile
             else:
-                buf = torch.empty(tile_shape, dtype=p.dtype)
-                landed.append((t, buf))
+                buf = _landing(out, t, dbox, landed)
             works.append(commlib.broadcast(buf, group=grp, group_src=0, async_op=True))
         else:  # allgather: the sender scatters parts, each receiver forwards its own
             flat = tile.reshape(-1) if rank == t.sender else None
             whole = None
             if rank != t.sender:
-                whole = torch.empty(t.numel, dtype=p.dtype)
-                landed.append((t, whole))
+                whole = _landing(out, t, dbox, landed).view(-1)
             for i, r in enumerate(t.receivers):
                 lo, hi = t.span(i)
                 for a, b in _chunks(lo, hi, itemsize):
@@ -280,7 +287,7 @@ def _start(p: ReshardPlan, groups: dict, g, rank: int, local, sbox, seq: int):
         for w in works:
             w.wait()
         for t, buf in landed:
-            out[_slices(t.box, dbox)] = buf.view(tuple(hi - lo for lo, hi in t.box))
+            out[_slices(t.box, dbox)] = buf
         return out
 
     return finish

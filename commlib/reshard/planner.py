@@ -153,20 +153,20 @@ def _mode_seconds(mode: str, sender: int, receivers: Sequence[int], nbytes: int,
     """(the sender's busy time, at least the time its cross-host bytes take on the wire; the
     receivers' all-gather stage) of one task in ``mode``."""
     far = sum(links.kind(sender, r) == "cross" for r in receivers)
-    wire = links.cls["cross"].beta
+    wire = links.cls["cross"].step
     if mode == "sendrecv":
-        return max(sum(links.step(sender, r, nbytes) for r in receivers), far * nbytes * wire), 0.0
+        return max(sum(links.step(sender, r, nbytes) for r in receivers), wire(far * nbytes)), 0.0
     if mode == "broadcast":
         # the engine's: a binomial tree, or for large messages a scatter and a ring all-gather
         # (van de Geijn; MPICH's), about 2 (g-1)/g n on the slowest link
         g = len(receivers) + 1
         link = links.slowest([sender, *receivers])
         steps = math.ceil(math.log2(g))
-        tree = max(steps * link.step(nbytes), far * nbytes * wire)
+        tree = max(steps * link.step(nbytes), wire(far * nbytes))
         return min(tree, steps * link.alpha + 2 * (g - 1) * nbytes * link.beta / g), 0.0
     m = len(receivers)
     part = -(-nbytes // itemsize // m) * itemsize
-    scatter = max(sum(links.step(sender, r, part) for r in receivers), far * part * wire)
+    scatter = max(sum(links.step(sender, r, part) for r in receivers), wire(far * part))
     among = links.slowest(receivers)
     # each receiver forwards its part chunk by chunk while the scatter runs: what is left after
     # it, and the last chunk's forwarding
@@ -378,13 +378,23 @@ def _plan(shape, dtype, src: Layout, dst: Layout, strategy: str, hosts: dict, ta
                 for b in remote:
                     if b != r:
                         add(r, b, (hi - lo) * itemsize)
-        for r in remote:
+        # bytes on each host link: the engine's broadcast crosses to a host about once (a tree or
+        # a scatter + all-gather), the all-gather mode's parts once each
+        crossing = {}
+        for i, r in enumerate(remote):
             if links.kind(s, r) == "cross":
                 key = (hosts.get(s), hosts.get(r))
-                share = nbytes if mode != "allgather" else nbytes // len(remote)
-                link_bytes[key] = link_bytes.get(key, 0) + share
+                if mode == "allgather":
+                    lo, hi = task.span(i)
+                    crossing[key] = crossing.get(key, 0) + (hi - lo) * itemsize
+                elif mode == "broadcast":
+                    crossing[key] = nbytes
+                else:
+                    crossing[key] = crossing.get(key, 0) + nbytes
+        for key, n in crossing.items():
+            link_bytes[key] = link_bytes.get(key, 0) + n
 
-    wire = max((n * links.cls["cross"].beta for n in link_bytes.values()), default=0.0)
+    wire = max((links.cls["cross"].step(n) for n in link_bytes.values()), default=0.0)
     predicted = partial_s + max(max(busy.values(), default=0.0), wire) + max(stage.values(),
                                                                              default=0.0)
     return ReshardPlan(tuple(shape), dtype, src, dst, strategy, tasks, partial, sent, by_link,
