@@ -31,36 +31,20 @@ from commlib.reshard import Layout, Partial, Replicate, Shard, plan
 from commlib.tuning.model import LinkCost, Table
 from conftest import ROOT, base_env, run_mpi
 
+sys.path.insert(0, str(ROOT / "tests" / "mpi"))
+from _reshard import chunk_piece, coords, flat, random_mesh, random_placements  # noqa: E402,I001
+
 F32, I64 = torch.float32, torch.int64
 STRATEGIES = ("auto", "sendrecv", "broadcast", "allgather")
 
 
 # ----- the oracle (independent of commlib.reshard) -----------------------------------------------
-def unravel(pos, shape):
-    out = []
-    for s in reversed(shape):
-        out.append(pos % s)
-        pos //= s
-    return tuple(reversed(out))
 
 
-def flat(ranks):
-    return [int(r) for r in np.asarray(ranks).reshape(-1)]
 
 
-def coords(ranks, rank):
-    a = np.asarray(ranks)
-    return unravel(flat(ranks).index(rank), a.shape)
 
 
-def chunk_piece(t, mesh_shape, placements, c):
-    """The piece of ``t`` at mesh coordinates ``c``: torch.chunk along each Shard, mesh dims in
-    order (a trailing chunk torch.chunk does not return is empty)."""
-    for md, p in enumerate(placements):
-        if isinstance(p, Shard):
-            pieces = t.chunk(mesh_shape[md], p.dim)
-            t = pieces[c[md]] if c[md] < len(pieces) else t.narrow(p.dim, t.shape[p.dim], 0)
-    return t
 
 
 def oracle_box(global_shape, ranks, placements, rank):
@@ -138,18 +122,8 @@ def nonzero(d):
 
 
 # ----- random layouts ----------------------------------------------------------------------------
-def random_mesh(rng, ranks):
-    """``ranks`` (a list) shaped as a 1-D or 2-D mesh, as nested lists."""
-    k = len(ranks)
-    if rng.random() < 0.4:
-        return list(ranks)
-    a = rng.choice([d for d in range(1, k + 1) if k % d == 0])
-    return [list(ranks[i * (k // a):(i + 1) * (k // a)]) for i in range(a)]
 
 
-def random_placements(rng, ndim_mesh, ndim, source):
-    kinds = [Shard(d) for d in range(ndim)] + [Replicate()] + ([Partial()] if source else [])
-    return [rng.choice(kinds) for _ in range(ndim_mesh)]
 
 
 def random_case(rng, world):

@@ -28,6 +28,8 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _harness import expect_error, main  # noqa: E402
+from _reshard import (chunk_piece, coords, flat, random_mesh, random_placements,  # noqa: E402
+                      shape_of)
 
 import commlib  # noqa: E402
 from commlib import CommArgumentError, CommMismatchError, CommTypeError  # noqa: E402
@@ -50,27 +52,12 @@ def hosts():
 
 
 # ----- the oracle --------------------------------------------------------------------------------
-def shape_of(ranks):
-    return (len(ranks), len(ranks[0])) if isinstance(ranks[0], list) else (len(ranks),)
 
 
-def flat(ranks):
-    return [r for row in ranks for r in row] if isinstance(ranks[0], list) else list(ranks)
 
 
-def coords(ranks, rank):
-    pos, shape = flat(ranks).index(rank), shape_of(ranks)
-    return (pos // shape[1], pos % shape[1]) if len(shape) == 2 else (pos,)
 
 
-def chunk_piece(t, mesh_shape, placements, c):
-    """torch.chunk along each Shard, mesh dims in order; a chunk torch.chunk does not return is
-    empty (at the end of its parent)."""
-    for md, p in enumerate(placements):
-        if isinstance(p, Shard):
-            pieces = t.chunk(mesh_shape[md], p.dim)
-            t = pieces[c[md]] if c[md] < len(pieces) else t.narrow(p.dim, t.shape[p.dim], 0)
-    return t
 
 
 def expected(full, ranks, placements, rank):
@@ -130,12 +117,6 @@ def check_out(what, out, want):
 
 
 # ----- random layouts ----------------------------------------------------------------------------
-def random_mesh(rng, ranks):
-    k = len(ranks)
-    if rng.random() < 0.45:
-        return list(ranks)
-    a = rng.choice([d for d in range(1, k + 1) if k % d == 0])
-    return [list(ranks[i * (k // a):(i + 1) * (k // a)]) for i in range(a)]
 
 
 def random_meshes(rng, n, relation):
@@ -159,9 +140,6 @@ def random_meshes(rng, n, relation):
     return random_mesh(rng, src), random_mesh(rng, dst)
 
 
-def random_placements(rng, mesh_ndim, ndim, source):
-    kinds = [Shard(d) for d in range(ndim)] + [Replicate()] + ([Partial()] if source else [])
-    return [rng.choice(kinds) for _ in range(mesh_ndim)]
 
 
 def random_shape(rng):
