@@ -78,9 +78,9 @@ def _post(x2, w, grid: Grid, pn: Panels, p: int, async_op: bool):
         b = w if pn.b_per == 1 else w[:, ob:ob + k].contiguous()
     else:
         b = w.new_empty((w.shape[0], k))
-    works = (_traffic.broadcast(a, ja, grid.row, async_op),
-             _traffic.broadcast(b, ib, grid.col, async_op))
-    return a, [wk for wk in works[:1] if wk], b, [wk for wk in works[1:] if wk]
+    wa = _traffic.broadcast(a, ja, grid.row, async_op)
+    wb = _traffic.broadcast(b, ib, grid.col, async_op)
+    return a, [wa] if wa else [], b, [wb] if wb else []
 
 
 def _wait(works: list) -> None:

@@ -28,7 +28,7 @@ from commlib.api.traffic import count
 from commlib.errors import CommArgumentError, CommTypeError, arg_error
 
 from .layout import Layout, Shard
-from .planner import CHUNK, STRATEGIES, ReshardPlan, _check_shape, _group_facts, _plan, check_inputs
+from .planner import CHUNK, ReshardPlan, _group_facts, _plan, check_inputs, check_layouts
 
 __all__ = ["reshard", "ReshardWork"]
 
@@ -62,7 +62,7 @@ def _slices(box, within) -> tuple:
     return tuple(slice(lo - wlo, hi - wlo) for (lo, hi), (wlo, _) in zip(box, within))
 
 
-def _metadata(fn: str, g, local, src: Layout, global_shape, dtype):
+def _metadata(fn: str, g, local, src: Layout, dst: Layout, strategy: str, global_shape, dtype):
     """(global shape, dtype) from the source ranks' shards: one small all-gather over the group
     (the given ``global_shape`` / ``dtype`` win). A sharded dimension's size is the sum of its
     shards along the mesh dimensions that split it. Every rank then checks every source shard,
@@ -93,8 +93,8 @@ def _metadata(fn: str, g, local, src: Layout, global_shape, dtype):
             shape.append(sum(rows[r][2 + t] for r in src.ranks if all(
                 src.coords(r)[d] == 0 for d in range(len(src.shape)) if d not in split)))
         global_shape = tuple(shape)
-    shape = _check_shape(fn, global_shape)
-    src.check(fn, "src", len(shape), source=True)
+    dtype = _CODES[code] if dtype is None else dtype
+    shape = check_inputs(fn, global_shape, dtype, src, dst, strategy, g.ranks)
     for r in src.ranks:
         want = [hi - lo for lo, hi in src.box(r, shape)]
         if rows[r][2:2 + ndim] != want or ndim != len(shape):
@@ -103,7 +103,7 @@ def _metadata(fn: str, g, local, src: Layout, global_shape, dtype):
                             f"{list(shape)} under {src}",
                             "pass each rank's piece as torch.chunk cuts it (uneven shards: the "
                             "trailing ones smaller), or pass global_shape=")
-    return shape, _CODES[code] if dtype is None else dtype
+    return shape, dtype
 
 
 def _groups(p: ReshardPlan, g) -> dict:
@@ -158,7 +158,7 @@ def reshard(local, src: Layout, dst: Layout, *, global_shape=None, dtype=None, g
     rank = commlib.get_rank()
     shape = None
     with checked_call(fn, group) as (g, call):
-        _check_layouts(fn, src, dst, strategy, g.ranks)
+        check_layouts(fn, src, dst, strategy, g.ranks)
         if global_shape is not None and dtype is not None:
             shape = check_inputs(fn, global_shape, dtype, src, dst, strategy, g.ranks)
             _check_local(fn, local, src, rank, shape, dtype)
@@ -166,8 +166,7 @@ def reshard(local, src: Layout, dst: Layout, *, global_shape=None, dtype=None, g
                     global_shape=None if shape is None else shape,
                     dtype=None if dtype is None else str(dtype))
     if shape is None:  # every rank learns every source shard's shape: the checks agree
-        shape, dtype = _metadata(fn, g, local, src, global_shape, dtype)
-        check_inputs(fn, shape, dtype, src, dst, strategy, g.ranks)  # dst against the shape
+        shape, dtype = _metadata(fn, g, local, src, dst, strategy, global_shape, dtype)
         _check_local(fn, local, src, rank, shape, dtype)
     key = (g.ranks, g.name, shape, dtype, src.key(), dst.key(), strategy)
     if key not in _CACHE:
@@ -199,24 +198,6 @@ def _check_local(fn: str, local, src: Layout, rank: int, shape, dtype) -> None:
                     "pass this rank's piece of the tensor under the source layout "
                     "(commlib.reshard.Layout.box gives its index range)",
                     CommTypeError if not isinstance(local, torch.Tensor) else CommArgumentError)
-
-
-def _check_layouts(fn: str, src, dst, strategy, members) -> None:
-    """The checks that need no tensor: layouts, no Partial destination, ranks in the group, the
-    strategy (the same on every rank that agrees on the call)."""
-    for arg, lay in (("src", src), ("dst", dst)):
-        if not isinstance(lay, Layout):
-            raise arg_error(fn, arg, type(lay).__name__, "must be a commlib.reshard.Layout",
-                            f"pass Layout(ranks, placements) for {arg}", CommTypeError)
-        outside = sorted(set(lay.ranks) - set(members))
-        if outside:
-            raise arg_error(fn, arg, lay, f"holds ranks {outside} that are not in the group "
-                            f"(ranks {list(members)})",
-                            "use ranks of the group, or pass group= the group holding both meshes")
-    dst.check(fn, "dst", 1 << 30, source=False)
-    if strategy not in STRATEGIES:
-        raise arg_error(fn, "strategy", strategy, f"must be one of {list(STRATEGIES)}",
-                        'pass strategy="auto" (the cost model chooses per task)')
 
 
 def _start(p: ReshardPlan, groups: dict, g, rank: int, local, sbox, seq: int):

@@ -133,10 +133,11 @@ class Layout:
     def partial_dims(self) -> tuple[int, ...]:
         return tuple(d for d, p in enumerate(self.placements) if isinstance(p, Partial))
 
-    def check(self, fn: str, arg: str, ndim: int, *, source: bool) -> None:
-        """Placements that fit a tensor of ``ndim`` dimensions (and no Partial unless a source)."""
+    def check(self, fn: str, arg: str, ndim: int | None, *, source: bool) -> None:
+        """Placements that fit a tensor of ``ndim`` dimensions (None: not known yet) and no
+        Partial unless a source."""
         for p in self.placements:
-            if isinstance(p, Shard) and p.dim >= ndim:
+            if isinstance(p, Shard) and ndim is not None and p.dim >= ndim:
                 raise arg_error(fn, arg, self, f"shards dimension {p.dim} of a {ndim}-dimensional "
                                 "tensor", f"use Shard(d) with d < {ndim}")
             if isinstance(p, Partial) and not source:

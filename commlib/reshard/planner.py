@@ -194,19 +194,14 @@ def _check_shape(fn: str, global_shape) -> tuple[int, ...]:
     return shape
 
 
-def check_inputs(fn: str, global_shape, dtype, src, dst, strategy: str,
-                 members: Sequence[int] | None) -> tuple[int, ...]:
-    """The shared checks of :func:`plan` and ``reshard``: the shape, dtype, layouts (placements that
-    fit, no Partial destination, ranks inside the group) and strategy."""
-    shape = _check_shape(fn, global_shape)
-    if not isinstance(dtype, torch.dtype):
-        raise arg_error(fn, "dtype", dtype, "must be a torch.dtype",
-                        "pass e.g. torch.float32", CommTypeError)
+def check_layouts(fn: str, src, dst, strategy: str, members: Sequence[int] | None) -> None:
+    """The checks that need no tensor: both are Layouts, no Partial destination, ranks inside
+    the group (``members``, None: any), a known strategy."""
     for arg, lay in (("src", src), ("dst", dst)):
         if not isinstance(lay, Layout):
             raise arg_error(fn, arg, type(lay).__name__, "must be a commlib.reshard.Layout",
                             f"pass Layout(ranks, placements) for {arg}", CommTypeError)
-        lay.check(fn, arg, len(shape), source=(arg == "src"))
+        lay.check(fn, arg, None, source=(arg == "src"))
         if members is not None:
             outside = sorted(set(lay.ranks) - set(members))
             if outside:
@@ -217,6 +212,19 @@ def check_inputs(fn: str, global_shape, dtype, src, dst, strategy: str,
     if strategy not in STRATEGIES:
         raise arg_error(fn, "strategy", strategy, f"must be one of {list(STRATEGIES)}",
                         'pass strategy="auto" (the cost model chooses per task)')
+
+
+def check_inputs(fn: str, global_shape, dtype, src, dst, strategy: str,
+                 members: Sequence[int] | None) -> tuple[int, ...]:
+    """The shared checks of :func:`plan` and ``reshard``: the shape, the dtype,
+    :func:`check_layouts`, and placements that fit the tensor's dimensions."""
+    shape = _check_shape(fn, global_shape)
+    if not isinstance(dtype, torch.dtype):
+        raise arg_error(fn, "dtype", dtype, "must be a torch.dtype",
+                        "pass e.g. torch.float32", CommTypeError)
+    check_layouts(fn, src, dst, strategy, members)
+    src.check(fn, "src", len(shape), source=True)
+    dst.check(fn, "dst", len(shape), source=False)
     return shape
 
 
@@ -365,10 +373,7 @@ def _plan(shape, dtype, src: Layout, dst: Layout, strategy: str, hosts: dict, ta
         s, mode = choice[k]
         task = Task(tile, nbytes, senders, s, remote, local, mode)
         tasks.append(task)
-        if mode == "sendrecv":
-            for r in remote:
-                add(s, r, nbytes)
-        elif mode == "broadcast":
+        if mode != "allgather":  # a send to each receiver, or the root's (g-1)·n
             for r in remote:
                 add(s, r, nbytes)
         else:
