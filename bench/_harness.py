@@ -251,6 +251,14 @@ def timed_slowest(fn, comm=MPI.COMM_WORLD) -> float:
     return comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
 
 
+def rank0_out(rank: int) -> Callable[[str], None]:
+    """The benches' ``out(line)``: print (flushed) on rank 0 only."""
+    def out(line: str) -> None:
+        if rank == 0:
+            print(line, flush=True)
+    return out
+
+
 def parse_size(text: str) -> int:
     from commlib.config import parse_bytes
 
@@ -807,9 +815,7 @@ def main(coll: Collective, argv: list[str] | None = None) -> int:
         start_gloo(b)
     sizes = sweep(args)
 
-    def out(line: str) -> None:
-        if rank == 0:
-            print(line, flush=True)
+    out = rank0_out(rank)
 
     for line in header(b, sizes):
         out(line)

@@ -37,7 +37,7 @@ import torch
 from mpi4py import MPI
 
 import commlib
-from _harness import fmt_bytes, init_gloo, parse_size, timed_slowest
+from _harness import fmt_bytes, init_gloo, parse_size, rank0_out, timed_slowest
 from _quiet import quiet_for, quiet_summary
 from commlib.runtime.progress import set_progress
 
@@ -235,9 +235,7 @@ def main() -> None:
     commlib.init()
     rank = commlib.get_rank()
 
-    def out(line: str) -> None:
-        if rank == 0:
-            print(line, flush=True)
+    out = rank0_out(rank)
 
     hosts = COMM.allgather(MPI.Get_processor_name())
     out(f"# bench/overlap.py: {COMM.size} ranks on {len(set(hosts))} host(s), commlib backend "

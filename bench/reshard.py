@@ -87,7 +87,7 @@ import torch
 from mpi4py import MPI
 
 import commlib
-from _harness import fmt_bytes, parse_size, timed_slowest
+from _harness import fmt_bytes, parse_size, rank0_out, timed_slowest
 from _quiet import quiet_for, quiet_summary, time_loop
 from commlib.nn.functional import traffic
 from commlib.reshard import Layout, Replicate, Shard, plan, reshard
@@ -384,9 +384,7 @@ def main() -> int:
     commlib.init()
     rank = commlib.get_rank()
 
-    def out(line: str) -> None:
-        if rank == 0:
-            print(line, flush=True)
+    out = rank0_out(rank)
 
     try:
         sizes = [parse_size(s) for s in args.sizes.split(",") if s]

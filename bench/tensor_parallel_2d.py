@@ -83,7 +83,7 @@ import torch
 from mpi4py import MPI
 
 import commlib
-from _harness import timed_slowest
+from _harness import rank0_out, timed_slowest
 from _quiet import quiet_for, quiet_summary
 from commlib.nn import ColumnParallelLinear, Linear2D, ParallelMLP, RowParallelLinear, tp_plan
 from commlib.nn.functional import split_2d, traffic
@@ -647,9 +647,7 @@ def main() -> int:
     commlib.init()
     rank = commlib.get_rank()
 
-    def out(line: str) -> None:
-        if rank == 0:
-            print(line, flush=True)
+    out = rank0_out(rank)
 
     try:
         args.meshes = parse_meshes(args.meshes, COMM.size)
