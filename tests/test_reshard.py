@@ -3,8 +3,8 @@
 Part (a) needs no MPI: ``plan(..., hosts=[...])`` is pure. Every expected value is computed here,
 independently of the code under test: a rank's box by cutting ``torch.arange`` / the tensor itself
 with ``torch.chunk`` in mesh-dimension order (the DTensor rule), the coverage of the destination by
-counting, and the bytes of a plan by the logical convention (a send costs the sender n, a
-broadcast over g ranks (g-1)·n, the all-gather mode the tile once plus each receiver its own part
+counting, and the bytes of a plan by the logical convention (a send costs the sender n, the
+broadcast chain each of its ranks but the last n, the all-gather mode the tile once plus each receiver its own part
 m-1 times, a Partial all-reduce 2(g-1)/g·n per rank, floored), or by hand for small cases.
 
 Part (b) runs tests/mpi/reshard_cases.py under mpiexec at 2, 3, 4 and 5 ranks (one job each; at 3
@@ -103,9 +103,13 @@ def convention_bytes(p, shape, dtype, src_ranks, src_pl, hosts):
                     add(r, group[(k + 1) % g], 2 * (g - 1) * n // g)
     for t in p.tasks:
         m, e = len(t.receivers), numel(t.box)
-        if t.mode in ("sendrecv", "broadcast"):
+        if t.mode == "sendrecv":
             for r in t.receivers:
                 add(t.sender, r, e * size)
+        elif t.mode == "broadcast":  # a chain: each rank sends the tile to the next
+            order = (t.sender, *t.receivers)
+            for a, b in zip(order, order[1:]):
+                add(a, b, e * size)
         elif t.mode == "allgather":
             part = -(-e // m)
             for i, r in enumerate(t.receivers):
@@ -338,11 +342,12 @@ L8 = 8 * 4  # bytes of an (8,) float32 tensor
 @pytest.mark.parametrize("strategy,sent,links", [
     ("allgather", {0: L8, 1: L8 // 2, 2: L8 // 2}, {"cross": L8, "intra": L8}),
     ("sendrecv", {0: 2 * L8}, {"cross": 2 * L8, "intra": 0}),
-    ("broadcast", {0: 2 * L8}, {"cross": 2 * L8, "intra": 0}),
+    ("broadcast", {0: L8, 1: L8}, {"cross": L8, "intra": L8}),
 ])
 def test_bytes_one_to_two_across_hosts(strategy, sent, links):
     """Rank 0 (host 0) to ranks 1 and 2 (host 1), replicated: all-gather mode sends each byte
-    across once (then the halves swap inside host 1); send/recv and broadcast send it twice."""
+    across once (then the halves swap inside host 1), so does the broadcast chain (0 -> 1 -> 2);
+    send/recv sends it twice."""
     p = plan((8,), F32, Layout([0], [Replicate()]), Layout([1, 2], [Replicate()]),
              strategy=strategy, hosts=[0, 1, 1])
     assert nonzero(p.sent) == sent
@@ -350,12 +355,15 @@ def test_bytes_one_to_two_across_hosts(strategy, sent, links):
     assert [(t.sender, tuple(t.receivers), t.mode) for t in p.tasks] == [(0, (1, 2), strategy)]
 
 
-def test_bytes_broadcast_root_sends_g_minus_1_copies():
+def test_broadcast_chain_enters_each_host_once():
+    """The chain runs through the sender's host-mates first, then host by host: rank 0 (host 0)
+    to 1 (host 0), then 2 (host 1) -> 4 (host 1) -> 3 (host 2): two crossings, n each."""
     n = 4 * 4 * 4
-    p = plan((4, 4), F32, Layout([0], [Replicate()]), Layout([1, 2, 3], [Replicate()]),
-             strategy="broadcast", hosts=[0, 0, 1, 1])
-    assert nonzero(p.sent) == {0: 3 * n}
-    assert p.bytes_by_link == {"cross": 2 * n, "intra": n}
+    p = plan((4, 4), F32, Layout([0], [Replicate()]), Layout([3, 4, 2, 1], [Replicate()]),
+             strategy="broadcast", hosts=[0, 0, 1, 2, 1])
+    assert [(t.sender, t.receivers) for t in p.tasks] == [(0, (1, 2, 4, 3))]
+    assert nonzero(p.sent) == {0: n, 1: n, 2: n, 4: n}
+    assert p.bytes_by_link == {"cross": 2 * n, "intra": 2 * n}
 
 
 def test_bytes_allgather_uneven_parts():
@@ -425,7 +433,7 @@ def test_sender_load_balancing():
 def test_strategy_forcing():
     """One tile to three receivers: the forced mode is the task's mode, and its bytes follow."""
     n = 6 * 4 * 4
-    want = {"sendrecv": {0: 3 * n}, "broadcast": {0: 3 * n},
+    want = {"sendrecv": {0: 3 * n}, "broadcast": {0: n, 1: n, 2: n},
             "allgather": {0: n, 1: 2 * n // 3, 2: 2 * n // 3, 3: 2 * n // 3}}
     for strategy, sent in want.items():
         p = plan((6, 4), F32, Layout([0], [Replicate()]), Layout([1, 2, 3], [Replicate()]),
@@ -446,15 +454,16 @@ def test_strategy_forcing():
 
 def test_auto_sends_each_byte_across_once_on_a_slow_link():
     """A 4 MiB tensor from host 0 to two ranks of host 1 over a slow host link (100 MB/s, fast
-    links inside hosts): auto takes the all-gather mode, cross bytes == the tensor's bytes, and
-    the predicted time is at least the link bound (bytes that must cross / link rate)."""
+    links inside hosts): auto takes a mode that crosses once (the all-gather mode or the
+    broadcast chain), cross bytes == the tensor's bytes, and the predicted time is at least the
+    link bound (bytes that must cross / link rate)."""
     fast = LinkCost.from_bandwidth(1.0, 10.0)
     slow = LinkCost.from_bandwidth(50.0, 0.1)
     table = Table(fast, local=2, inter=slow, shm=fast)
     n = (1 << 20) * 4
     p = plan((1 << 20,), F32, Layout([0], [Replicate()]), Layout([2, 3], [Replicate()]),
              hosts=[0, 0, 1, 1], table=table)
-    assert p.tasks[0].mode == "allgather"
+    assert p.tasks[0].mode in ("allgather", "broadcast")
     assert p.bytes_by_link["cross"] == n
     assert p.predicted_s >= n / 0.1e9
     forced = plan((1 << 20,), F32, Layout([0], [Replicate()]), Layout([2, 3], [Replicate()]),

@@ -11,7 +11,7 @@ from ..errors import CommError
 from ..runtime import debug
 from .groups import resolve_group
 
-__all__ = ["checked_call"]
+__all__ = ["checked_call", "DeferredWork"]
 
 
 @contextlib.contextmanager
@@ -30,3 +30,20 @@ def checked_call(fn: str, group):
         raise
     if g.debug:
         debug.agree(g, fn, f"{fn}(" + ", ".join(f"{k}={v}" for k, v in call.items()) + ")")
+
+
+class DeferredWork:
+    """The handle of a staged asynchronous call of the layers above the collectives (a reshard, a
+    compressed all-reduce): its first transfers travel (commlib's progress engine moves them)
+    until ``wait()``, which runs the rest (``finish``) once and returns its result."""
+
+    def __init__(self, finish):
+        self._finish, self._result, self._done = finish, None, False
+
+    def wait(self, timeout=None):
+        if not self._done:
+            self._result, self._done = self._finish(), True
+        return self._result
+
+    def is_completed(self) -> bool:
+        return self._done

@@ -4,14 +4,16 @@ issued at once.
 Phases (each rank takes part in what its tasks name):
 
 1. Partial sources all-reduce their pieces over their replica groups.
-2. Every task's transfers are posted together, asynchronously: sends and receives (user channel,
-   tag = the task's index, so that the order of posting cannot mismatch two tasks between the same
-   pair of ranks), broadcasts over the task's group, the all-gather mode's scatter; local copies.
-3. The all-gather mode's receivers forward each chunk of their part to the other receivers as it
-   lands (the all-gather runs under the scatter; in ``wait()`` for ``async_op=True``).
+2. Every task's transfers are posted together, asynchronously, as sends and receives (user
+   channel, tag = the task's index, so that the order of posting cannot mismatch two tasks between
+   the same pair of ranks): send/recv's copies, the broadcast chain's first hop, the all-gather
+   mode's scatter; local copies.
+3. Receivers forward each chunk as it lands: down the broadcast chain to the next rank, or their
+   part of the all-gather mode to the other receivers (so the all-gather runs under the scatter
+   and the chain is pipelined; in ``wait()`` for ``async_op=True``).
 4. Each received tile is copied into the destination shard.
 
-Groups (broadcast and all-gather groups, Partial replica groups) are created collectively over the
+Groups (the Partial replica groups) are created collectively over the
 group the first time a plan runs, in the plan's order on every rank, and cached with the plan, so
 a training loop that reshards the same layouts pays for them once (Alpa created its NCCL
 communicators eagerly for the same reason; leaking them was one of its bugs: here they live as
@@ -23,7 +25,7 @@ from __future__ import annotations
 import torch
 
 import commlib
-from commlib.api.entry import checked_call
+from commlib.api.entry import DeferredWork, checked_call
 from commlib.api.traffic import count
 from commlib.errors import CommArgumentError, CommTypeError, arg_error
 
@@ -40,21 +42,10 @@ _CODES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int
           torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128]
 
 
-class ReshardWork:
+class ReshardWork(DeferredWork):
     """The handle of ``reshard(..., async_op=True)``: the transfers travel (commlib's progress
     engine moves them) until ``wait()``, which finishes the plan and returns this rank's
     destination shard (None outside the destination mesh)."""
-
-    def __init__(self, finish):
-        self._finish, self._result, self._done = finish, None, False
-
-    def wait(self, timeout=None):
-        if not self._done:
-            self._result, self._done = self._finish(), True
-        return self._result
-
-    def is_completed(self) -> bool:
-        return self._done
 
 
 def _slices(box, within) -> tuple:
@@ -117,11 +108,6 @@ def _groups(p: ReshardPlan, g) -> dict:
 
     for ranks, _ in p.partial:
         make(ranks)
-    for t in p.tasks:
-        if t.mode == "broadcast":
-            make((t.sender,) + t.receivers)
-        elif t.mode == "allgather":
-            make(t.receivers)
     return made
 
 
@@ -216,7 +202,7 @@ def _start(p: ReshardPlan, groups: dict, g, rank: int, local, sbox, seq: int):
                     commlib.all_reduce(source, group=groups[ranks])
     dbox = p.dst.box(rank, shape)
     out = None if dbox is None else torch.empty(tuple(hi - lo for lo, hi in dbox), dtype=p.dtype)
-    works, landed, relay = [], [], []  # relay: (recv, chunk, forward to, tag)
+    works, landed, relay = [], [], []  # relay: (hops from the sender, recv, chunk, forward to, tag)
     itemsize = torch.empty((), dtype=p.dtype).element_size()
     for k, t in enumerate(p.tasks):
         tag = 1000 + (seq * len(p.tasks) + k) % _TAG_SPAN
@@ -233,15 +219,20 @@ def _start(p: ReshardPlan, groups: dict, g, rank: int, local, sbox, seq: int):
             else:
                 buf = _landing(out, t, dbox, landed)
                 works.append(commlib.irecv(buf, src=t.sender, group=g, tag=tag))
-        elif t.mode == "broadcast":
-            grp = groups[(t.sender,) + t.receivers]
-            if rank == t.sender:
-                for r in t.receivers:
-                    _count(hosts, rank, r, t.nbytes)
-                buf = tile
-            else:
-                buf = _landing(out, t, dbox, landed)
-            works.append(commlib.broadcast(buf, group=grp, group_src=0, async_op=True))
+        elif t.mode == "broadcast":  # a pipelined chain: each receiver forwards every chunk
+            order = (t.sender,) + t.receivers
+            at = order.index(rank)
+            after = order[at + 1:at + 2]
+            flat = tile.reshape(-1) if at == 0 else _landing(out, t, dbox, landed).view(-1)
+            for a, b in _chunks(0, flat.numel(), itemsize):
+                if at == 0:
+                    _count(hosts, rank, after[0], (b - a) * itemsize)
+                    works.append(commlib.isend(flat[a:b], dst=after[0], group=g, tag=tag))
+                elif after:
+                    relay.append((at, commlib.irecv(flat[a:b], src=order[at - 1], group=g, tag=tag),
+                                  flat[a:b], after, tag))
+                else:
+                    works.append(commlib.irecv(flat[a:b], src=order[at - 1], group=g, tag=tag))
         else:  # allgather: the sender scatters parts, each receiver forwards its own
             flat = tile.reshape(-1) if rank == t.sender else None
             whole = None
@@ -254,13 +245,16 @@ def _start(p: ReshardPlan, groups: dict, g, rank: int, local, sbox, seq: int):
                         _count(hosts, rank, r, (b - a) * itemsize)
                         works.append(commlib.isend(flat[a:b], dst=r, group=g, tag=tag))
                     elif rank == r:
-                        relay.append((commlib.irecv(whole[a:b], src=t.sender, group=g, tag=tag),
+                        relay.append((1, commlib.irecv(whole[a:b], src=t.sender, group=g, tag=tag),
                                       whole[a:b], [x for x in t.receivers if x != rank], tag))
                     else:
                         works.append(commlib.irecv(whole[a:b], src=r, group=g, tag=tag))
 
     def finish():
-        for recv, piece, others, tag in relay:  # forward each chunk of my part as it lands
+        # forward each chunk as it lands, nearest the sender first: a chunk k hops down a chain
+        # waits only on ranks that forward at k - 1 hops first, so no two ranks wait on each other
+        relay.sort(key=lambda x: x[0])
+        for _, recv, piece, others, tag in relay:
             recv.wait()
             for r in others:
                 _count(hosts, rank, r, piece.numel() * itemsize)

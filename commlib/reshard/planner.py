@@ -13,7 +13,10 @@ rank (Alpa's greedy); then a bounded search moves single tasks to another candid
 lowers the busiest sender's time. Deterministic: every rank computes the same plan.
 
 **Modes** per task with m network receivers (one receiver: a send): ``sendrecv`` (the sender sends
-the tile to each receiver), ``broadcast`` (one broadcast over the sender and the receivers),
+the tile to each receiver), ``broadcast`` (a pipelined chain, NCCL's broadcast: the sender sends
+the tile to the first receiver, each receiver forwards every chunk of ``CHUNK`` bytes to the next
+as it lands; the chain runs through the sender's host-mates, then host by host, so it enters every
+other host once),
 ``allgather`` (the sender sends 1/m of the tile to each receiver, across the slow link once, and
 the receivers all-gather the parts among themselves, Alpa's local all-gather: here each receiver
 forwards its part in chunks of ``CHUNK`` bytes as they arrive, so the all-gather runs under the
@@ -25,12 +28,12 @@ between hosts) and takes the cheapest; ``strategy=`` forces one for comparison.
 group of replicas); then every replica is a sender.
 
 **Bytes** are *logical* (what the executor counts, ``commlib.nn.functional.traffic()``'s
-``reshard.cross`` / ``reshard.intra``): a send of n bytes costs the sender n; a broadcast over g
-ranks costs the root (g-1)·n; the all-gather mode costs the sender the tile once (n, in parts of
-ceil(E/m) elements, the last ones smaller or empty) and each receiver its part m-1 times; a Partial
-all-reduce over g ranks costs each 2(g-1)/g·n (floored). A byte is ``cross`` when its two ranks are
-on different hosts (a broadcast: root to each receiver; an all-reduce: a rank to its successor in
-the group's order).
+``reshard.cross`` / ``reshard.intra``): a send of n bytes costs the sender n; the broadcast
+chain costs each of its ranks but the last n; the all-gather mode costs the sender the tile once
+(n, in parts of ceil(E/m) elements, the last ones smaller or empty) and each receiver its part m-1
+times; a Partial all-reduce over g ranks costs each 2(g-1)/g·n (floored). A byte is ``cross``
+when its two ranks are on different hosts (the chain: a rank and the next; an all-reduce: a rank
+and its successor in the group's order).
 
 **Time**: the Partial all-reduces, then the longest of every rank's sends (serial at the rank)
 and every host link's bytes (shared by the ranks of a host), then the longest all-gather stage.
@@ -60,8 +63,9 @@ _SEARCH_PASSES = 8  # the bounded search after the greedy: at most this many imp
 @dataclass(frozen=True)
 class Task:
     """One tile: ``box`` ((lo, hi) per dimension), ``nbytes``, the candidate ``senders``, the
-    chosen ``sender`` (None when every receiver copies locally), the network ``receivers``, the
-    receivers that copy from their own source shard (``local``), and the ``mode``."""
+    chosen ``sender`` (None when every receiver copies locally), the network ``receivers`` (in
+    the broadcast mode in chain order: :func:`chain`), the receivers that copy from their own
+    source shard (``local``), and the ``mode``."""
     box: tuple
     nbytes: int
     senders: tuple
@@ -148,22 +152,36 @@ class _Links:
         return self.cls["intra" if one_host else "cross"]
 
 
+def chain(sender: int, receivers: Sequence[int], hosts: dict) -> tuple[int, ...]:
+    """The broadcast mode's order of ``receivers``: the sender's host-mates first, then host by
+    host (hosts in order of their lowest receiver), ranks ascending within a host: the chain
+    enters every other host once."""
+    first: dict = {}
+    for r in sorted(receivers):
+        first.setdefault(hosts.get(r), r)
+    home = hosts.get(sender)
+    return tuple(sorted(receivers, key=lambda r: (hosts.get(r) != home, first[hosts.get(r)], r)))
+
+
 def _mode_seconds(mode: str, sender: int, receivers: Sequence[int], nbytes: int, itemsize: int,
                   links: _Links) -> tuple[float, float]:
     """(the sender's busy time, at least the time its cross-host bytes take on the wire; the
-    receivers' all-gather stage) of one task in ``mode``."""
+    receivers' stage after it: the all-gather, or the rest of the broadcast chain) of one task in
+    ``mode``."""
     far = sum(links.kind(sender, r) == "cross" for r in receivers)
     wire = links.cls["cross"].step
     if mode == "sendrecv":
         return max(sum(links.step(sender, r, nbytes) for r in receivers), wire(far * nbytes)), 0.0
     if mode == "broadcast":
-        # the engine's: a binomial tree, or for large messages a scatter and a ring all-gather
-        # (van de Geijn; MPICH's), about 2 (g-1)/g n on the slowest link
-        g = len(receivers) + 1
-        link = links.slowest([sender, *receivers])
-        steps = math.ceil(math.log2(g))
-        tree = max(steps * link.step(nbytes), wire(far * nbytes))
-        return min(tree, steps * link.alpha + 2 * (g - 1) * nbytes * link.beta / g), 0.0
+        # a pipelined chain (NCCL's broadcast): the sender sends the tile once, each receiver
+        # forwards every chunk as it lands; the slowest hop sets the pace, every other hop adds
+        # one chunk
+        order = (sender, *chain(sender, receivers, links.hosts))
+        hops = [links.step(a, b, nbytes) for a, b in zip(order, order[1:])]
+        chunk = [links.step(a, b, min(nbytes, CHUNK)) for a, b in zip(order, order[1:])]
+        slowest = max(range(len(hops)), key=hops.__getitem__)
+        rest = hops[slowest] - hops[0] + sum(c for i, c in enumerate(chunk) if i != slowest)
+        return hops[0], max(rest, 0.0)
     m = len(receivers)
     part = -(-nbytes // itemsize // m) * itemsize
     scatter = max(sum(links.step(sender, r, part) for r in receivers), wire(far * part))
@@ -371,11 +389,16 @@ def _plan(shape, dtype, src: Layout, dst: Layout, strategy: str, hosts: dict, ta
             tasks.append(Task(tile, nbytes, senders, None, (), local, "local"))
             continue
         s, mode = choice[k]
+        if mode == "broadcast":
+            remote = chain(s, remote, hosts)
         task = Task(tile, nbytes, senders, s, remote, local, mode)
         tasks.append(task)
-        if mode != "allgather":  # a send to each receiver, or the root's (g-1)·n
+        if mode == "sendrecv":
             for r in remote:
                 add(s, r, nbytes)
+        elif mode == "broadcast":  # each rank of the chain sends the tile to the next
+            for a, b in zip((s, *remote), remote):
+                add(a, b, nbytes)
         else:
             for i, r in enumerate(remote):
                 lo, hi = task.span(i)
@@ -383,17 +406,16 @@ def _plan(shape, dtype, src: Layout, dst: Layout, strategy: str, hosts: dict, ta
                 for b in remote:
                     if b != r:
                         add(r, b, (hi - lo) * itemsize)
-        # bytes on each host link: the engine's broadcast crosses to a host about once (a tree or
-        # a scatter + all-gather), the all-gather mode's parts once each
+        # bytes on each host link: the broadcast chain's hops, the all-gather mode's parts once
+        # each, send/recv's copies
         crossing = {}
         for i, r in enumerate(remote):
-            if links.kind(s, r) == "cross":
-                key = (hosts.get(s), hosts.get(r))
+            a = remote[i - 1] if mode == "broadcast" and i else s
+            if links.kind(a, r) == "cross":
+                key = (hosts.get(a), hosts.get(r))
                 if mode == "allgather":
                     lo, hi = task.span(i)
                     crossing[key] = crossing.get(key, 0) + (hi - lo) * itemsize
-                elif mode == "broadcast":
-                    crossing[key] = nbytes
                 else:
                     crossing[key] = crossing.get(key, 0) + nbytes
         for key, n in crossing.items():

@@ -274,8 +274,10 @@ def case_strategies_dtypes():
 
 def case_bytes_by_hand():
     """Counted bytes against values written out here. One tile from rank 0 to the ranks of the
-    other host (or to ranks 1..n-1 on one host): send/recv and broadcast cost rank 0 m copies,
-    the all-gather mode the tile once plus each receiver its part m-1 times. A Partial source on
+    other host (or to ranks 1..n-1 on one host): send/recv costs rank 0 m copies, the broadcast
+    chain (0, then the receivers in rank order: the virtual hosts are blocks of consecutive
+    ranks) one copy per rank but the last, the all-gather mode the tile once plus each receiver
+    its part m-1 times. A Partial source on
     every rank to rank 0: each rank sends 2(n-1)/n of its shard to its ring successor."""
     rank, n = world()
     hs = hosts()
@@ -288,7 +290,11 @@ def case_bytes_by_hand():
         _, by_kind = run_one(f"hand 1-to-{m} {strategy}", 5, (e,), torch.float32, [0],
                              [Replicate()], dst, [Replicate()], strategy=strategy)
         want = {}
-        if rank == 0:
+        order = [0, *sorted(dst)]
+        if strategy == "broadcast" and rank in order[:-1]:
+            after = order[order.index(rank) + 1]
+            want["reshard.intra" if hs[after] == hs[rank] else "reshard.cross"] = 4 * e
+        elif rank == 0:
             link = "reshard.intra" if all(hs[r] == hs[0] for r in dst) else "reshard.cross"
             want[link] = 4 * (e if strategy == "allgather" and m > 1 else m * e)
         elif rank in dst and strategy == "allgather" and m > 1:
