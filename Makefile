@@ -8,9 +8,9 @@ NP     ?= 2
 
 .PHONY: setup calibrate bench test clean
 
-# setup.py builds the C extension (commlib.transports._shm) from csrc/ and csrc/shm/: a change there
-# reinstalls too.
-$(VENV)/.installed: pyproject.toml setup.py $(wildcard csrc/*.c csrc/*.h csrc/shm/*.c csrc/shm/*.h)
+# setup.py builds the C extensions (commlib.transports._shm, commlib.compress._codecs) from csrc/,
+# csrc/shm/ and csrc/compress/: a change there reinstalls too.
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard csrc/*.c csrc/*.h csrc/shm/*.c csrc/shm/*.h csrc/compress/*.c csrc/compress/*.h)
 	$(PYTHON) -m venv $(VENV)
 	# torch==2.13.0 is the CPU build on disk here; the package itself only asks for torch>=2.3.
 	$(PIP) install --quiet torch==2.13.0

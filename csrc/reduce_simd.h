@@ -58,8 +58,8 @@ CL_V3 static inline void cl_st8_bf16(uint16_t *p, __m256 v) {
  * elements per iteration in four independent accumulators, the tail through the scalar
  * conversions. */
 #define DEFINE_SIMD_SUM(NAME, LD8, ST8, LD1, ST1)                                             \
-    CL_V3 static void NAME(char *out, char *out2, char *const *srcs, int ns, size_t len,     \
-                           int avg) {                                                         \
+    CL_V3 __attribute__((unused)) static void NAME(char *out, char *out2, char *const *srcs,  \
+                           int ns, size_t len, int avg) {                                     \
         const uint16_t *s0 = (const uint16_t *)srcs[0];                                       \
         uint16_t *d = (uint16_t *)out;                                                        \
         const __m256 div = _mm256_set1_ps((float)avg);                                        \

@@ -48,6 +48,13 @@ def _parse_progress(text: str) -> str:
     return mode
 
 
+def _parse_compress_impl(text: str) -> str:
+    impl = text.strip().lower()
+    if impl not in ("auto", "torch", "c"):
+        raise ValueError("expected 'auto', 'torch' or 'c'")
+    return impl
+
+
 def _parse_nice(text: str) -> int:
     value = int(text)
     if not 0 <= value <= 19:
@@ -234,6 +241,14 @@ OPTIONS: dict[str, Option] = {
         Option("shm_spin", None, _parse_optional_int,
                "Polls a rank waiting on shared memory spins before it yields its core. Default: "
                "2000 (about 50 us), or 50 when the group's ranks outnumber the cores."),
+        Option("compress_impl", "auto", _parse_compress_impl,
+               "Which implementation the `int8`, `int4` and `fp8` codecs of `commlib.compress` "
+               "use for CPU tensors (both write the same bytes). `auto` (default): the C codecs "
+               "(the extension `commlib.compress._codecs`, fused loops at a large fraction of "
+               "memcpy bandwidth) where they are built, else the torch definition. `torch`: the "
+               "torch definition. `c`: the C codecs; where the extension is not built, the first "
+               "encode or decode raises `CommConfigError` (fix: `pip install -e .` on a machine "
+               "with a C compiler). Stochastic rounding always runs in torch."),
     ]
 }
 

@@ -1,0 +1,28 @@
+"""Compressed communication: codecs that turn a float tensor into fewer wire bytes and back
+(int8, int4 and fp8 block quantization, top-k sparsification), and error feedback for
+gradients. Every codec's byte layout is fixed (the torch code is its definition; a C path
+matches it byte for byte), and ``nbytes`` gives the wire size before encoding::
+
+    import commlib.compress as cc
+
+    c = cc.codec("int8", block=256)      # or "int4", "fp8" (format="e5m2"), "topk" (ratio=0.01)
+    p = c.encode(grad)                   # p.data: c.nbytes(grad.numel()) uint8 bytes
+    approx = c.decode(p)                 # grad's shape and dtype; |grad - approx| <= c.bound(grad)
+"""
+
+from . import fp8, int4, int8, topk  # noqa: F401  (each module registers its codec)
+from .codec import Codec, Packed, as_codec, codec, names, register
+from .collectives import (
+    all_gather_into_tensor,
+    all_reduce,
+    explain,
+    recv,
+    reduce_scatter_tensor,
+    send,
+    wire_bytes,
+)
+from .feedback import ErrorFeedback
+
+__all__ = ["codec", "as_codec", "register", "names", "Codec", "Packed", "ErrorFeedback",
+           "all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "send", "recv",
+           "explain", "wire_bytes"]
