@@ -43,7 +43,7 @@ from functools import partial
 
 import torch
 from _harness import fmt_bytes, parse_size, rank0_out
-from _quiet import quiet_for, quiet_summary, time_loop
+from _quiet import quiet_for, quiet_summary, set_patience, time_loop
 from mpi4py import MPI
 
 import commlib
@@ -210,8 +210,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--iters", type=int, default=3, help="calls per timed loop")
     ap.add_argument("--link-gbit", type=float, default=1.0)
+    ap.add_argument("--patience", type=float, default=60.0,
+                    help="seconds to wait out a slow phase per point (0: no quiet gate)")
     args = ap.parse_args()
     commlib.init()
+    set_patience(args.patience)
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     out = rank0_out(rank)

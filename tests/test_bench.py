@@ -5,6 +5,7 @@ itself catches a corrupted result (the hidden ``--inject-error`` flag)."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import pytest
@@ -127,8 +128,7 @@ def test_reshard_bench_runs_and_checks(tmp_path):
     destination 2-3) every case and implementation is exact and the counted bytes equal the
     plans'; at 2 + 2 ranks on two virtual hosts (COMMLIB_TEST_HOST) the meshes follow the host
     layout, the all-gather mode crosses the host link once (counted), naive twice, and the
-    issue's checks are printed (uncalibrated, auto may take a broadcast there: its logical count
-    is one tensor per receiver)."""
+    issue's checks are printed."""
     from conftest import run_mpi_hosts
 
     args = ["--sizes", "4K,64K", "--rounds", "1", "--patience", "0", "--time", "0.01"]
@@ -157,3 +157,17 @@ def test_reshard_bench_runs_and_checks(tmp_path):
         assert by["naive"]["cross_bytes"] == by["sendrecv"]["cross_bytes"] == 2 * point["size"]
         assert point["checks"]["cross_once"] is (by["auto"]["cross_bytes"] == point["size"])
         assert by["auto"]["bound_seconds"] > 0 and by["auto"]["plan_bytes_ok"] is True
+
+
+def test_compress_bench_runs_and_checks():
+    """bench/compress.py on small sizes at 2 ranks: the C codecs' table beside memcpy, and the
+    compressed collectives beside MPI's and commlib's, with the counted wire bytes equal to the
+    formula (no DIFF) and the one-host check of the automatic choice printed."""
+    proc = bench(2, "compress", "--sizes", "256K", "--rounds", "1", "--iters", "1",
+                 "--patience", "0", "--codecs", "int8,int4")
+    text = proc.stdout
+    assert "encode" in text and "memcpy" in text, text
+    for name in ("int8", "int4"):
+        assert re.search(rf"{name}\s+compressed \|.*\| +ok \|", text), text
+    assert "DIFF" not in text, text
+    assert "on one host auto never picks a slower compression" in text, text

@@ -302,8 +302,11 @@ def _hierarchical(x: torch.Tensor, c: Codec, g, avg: bool, ef, key) -> Callable[
     host, rail = _level_groups(g)
     local, n = host.size, x.numel()
     shard_n = -(-n // local)
-    buf = torch.zeros(shard_n * local, dtype=torch.float32)
-    buf[:n] = x
+    if x.dtype == torch.float32 and shard_n * local == n:
+        buf = x  # reduced and gathered in place: no copy of the whole tensor
+    else:
+        buf = torch.zeros(shard_n * local, dtype=torch.float32)
+        buf[:n] = x
     shard = torch.empty(shard_n, dtype=torch.float32)
     work = commlib.reduce_scatter_tensor(shard, buf, group=host, async_op=True)
 
@@ -313,7 +316,8 @@ def _hierarchical(x: torch.Tensor, c: Codec, g, avg: bool, ef, key) -> Callable[
         if avg:
             shard.div_(g.size)
         commlib.all_gather_into_tensor(buf, shard, group=host)
-        x.copy_(buf[:n])
+        if buf.data_ptr() != x.data_ptr():
+            x.copy_(buf[:n])
 
     return finish
 
