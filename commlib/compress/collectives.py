@@ -39,6 +39,7 @@ from commlib.api.groups import resolve_group
 from commlib.api.traffic import count
 from commlib.errors import CommTypeError, arg_error
 from commlib.ops import ReduceOp
+from commlib.tuning import memo_key
 from commlib.tuning.model import Prediction
 from commlib.tuning.selector import Explanation
 
@@ -52,6 +53,7 @@ __all__ = ["all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "sen
 ALGORITHMS = ("auto", "uncompressed", "compressed", "hierarchical")
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _GROUPS: dict = {}  # group name -> (the host's group, the rail group): made once per group
+_CHOICES: dict = {}  # (group name, numel, dtype, codec key, tuning memo key) -> algorithm
 
 
 # ----- checks -----------------------------------------------------------------------------------
@@ -157,6 +159,16 @@ def predictions(n: int, dtype: torch.dtype, codec: Codec, g, rates) -> list[Pred
     return sorted(rows, key=lambda r: r.seconds)
 
 
+def _choose(n: int, dtype: torch.dtype, c: Codec, g) -> str:
+    """The cheapest algorithm, memoized per (group, size, dtype, codec) like commlib's own
+    selection (made again when the tuning changes)."""
+    key = (g.name, n, dtype, c.key, memo_key())
+    hit = _CHOICES.get(key)
+    if hit is None:
+        hit = _CHOICES[key] = predictions(n, dtype, c, g, agreed_rates(g, c))[0].algorithm
+    return hit
+
+
 def explain(numel: int, codec, *, dtype: torch.dtype = torch.float32, group=None) -> Explanation:
     """What :func:`all_reduce` would choose for ``numel`` elements of ``dtype`` with ``codec`` on
     ``group``, and every row it priced (local: never communicates; the codec's rates are the
@@ -214,8 +226,7 @@ def all_reduce(tensor, *, codec, op=ReduceOp.SUM, group=None, async_op: bool = F
                     algorithm=algo)
     n = t.numel()
     if algo == "auto":
-        algo = "uncompressed" if g.size == 1 or n == 0 else \
-            predictions(n, t.dtype, c, g, agreed_rates(g, c))[0].algorithm
+        algo = "uncompressed" if g.size == 1 or n == 0 else _choose(n, t.dtype, c, g)
     if algo == "uncompressed" or g.size == 1 or n == 0:
         return commlib.all_reduce(t, op, group=g, async_op=async_op)
     flat = t.view(-1) if t.is_contiguous() else t.reshape(-1)
