@@ -259,20 +259,16 @@ def _slot(buf: torch.Tensor, j: int, me: int, nb: int) -> torch.Tensor:
     return buf[k * nb:(k + 1) * nb]
 
 
-def _flat_all_reduce(x: torch.Tensor, c: Codec, g, avg: bool, ef, key) -> Callable[[], None]:
-    """Post the all-to-all of compressed chunks now; return what finishes the call."""
-    p, me, n = g.size, g.rank, x.numel()
-    chunk = -(-n // p)
-    if x.dtype == torch.float32 and chunk * p == n:
-        xf = x
-    else:
-        xf = torch.zeros(chunk * p, dtype=torch.float32)
-        xf[:n] = x
-    nb = c.nbytes(chunk)
+def _scatter(x: torch.Tensor, m: int, c: Codec, g, ef, key) -> Callable[[], torch.Tensor]:
+    """Post the all-to-all of ``x``'s blocks of ``m`` elements (block j, encoded, to rank j; the
+    own block stays); return what waits and returns this rank's block summed in float32 (its own
+    block exact, the others decoded and added in rank order)."""
+    p, me = g.size, g.rank
+    nb = c.nbytes(m)
     send, recv, splits = _exchange_buffers(p, me, nb)
     for j in range(p):
         if j != me:
-            piece, wire = xf[j * chunk:(j + 1) * chunk], _slot(send, j, me, nb)
+            piece, wire = x[j * m:(j + 1) * m].float(), _slot(send, j, me, nb)
             if ef is None:
                 c.encode(piece, out=wire)
             else:
@@ -280,27 +276,53 @@ def _flat_all_reduce(x: torch.Tensor, c: Codec, g, avg: bool, ef, key) -> Callab
     count("compress.wire", (p - 1) * nb)
     work = commlib.all_to_all_single(recv, send, splits, splits, group=g, async_op=True)
 
-    def finish():
+    def reduced() -> torch.Tensor:
         work.wait()
-        acc = xf[me * chunk:(me + 1) * chunk].clone()
+        acc = x[me * m:(me + 1) * m].float().clone()
         for i in range(p):
             if i != me:
-                c.decode(c.packed(_slot(recv, i, me, nb), (chunk,), torch.float32), out=acc,
+                c.decode(c.packed(_slot(recv, i, me, nb), (m,), torch.float32), out=acc,
                          accumulate=True)
+        return acc
+
+    return reduced
+
+
+def _gather(mine: torch.Tensor, c: Codec, g, out: torch.Tensor, ef=None, key=None) -> None:
+    """Encode ``mine`` (float32) once, all-gather the encoded blocks, decode every block (this
+    rank's too, so every rank holds the same values) into ``out`` (flat, group size x numel)."""
+    p, m = g.size, mine.numel()
+    nb = c.nbytes(m)
+    wire = torch.empty(nb, dtype=torch.uint8)
+    if ef is None:
+        c.encode(mine, out=wire)
+    else:
+        ef.encode(c, mine, key=key, out=wire)
+    every = torch.empty(p * nb, dtype=torch.uint8)
+    count("compress.wire", (p - 1) * nb)
+    commlib.all_gather_into_tensor(every, wire, group=g)
+    for i in range(p):
+        c.decode(c.packed(every[i * nb:(i + 1) * nb], (m,), torch.float32),
+                 out=out[i * m:(i + 1) * m])
+
+
+def _flat_all_reduce(x: torch.Tensor, c: Codec, g, avg: bool, ef, key) -> Callable[[], None]:
+    """Post the all-to-all of compressed chunks now; return what finishes the call."""
+    p, n = g.size, x.numel()
+    chunk = -(-n // p)
+    if x.dtype == torch.float32 and chunk * p == n:
+        xf = x
+    else:
+        xf = torch.zeros(chunk * p, dtype=torch.float32)
+        xf[:n] = x
+    reduced = _scatter(xf, chunk, c, g, ef, key)
+
+    def finish():
+        acc = reduced()
         if avg:
             acc.div_(p)
-        mine = torch.empty(nb, dtype=torch.uint8)
-        if ef is None:
-            c.encode(acc, out=mine)
-        else:
-            ef.encode(c, acc, key=(key, "own"), out=mine)
-        every = torch.empty(p * nb, dtype=torch.uint8)
-        count("compress.wire", (p - 1) * nb)
-        commlib.all_gather_into_tensor(every, mine, group=g)
         out = xf if xf.data_ptr() == x.data_ptr() else torch.empty_like(xf)
-        for i in range(p):
-            c.decode(c.packed(every[i * nb:(i + 1) * nb], (chunk,), torch.float32),
-                     out=out[i * chunk:(i + 1) * chunk])
+        _gather(acc, c, g, out, ef, (key, "own"))
         if out.data_ptr() != x.data_ptr():
             x.copy_(out[:n])
 
@@ -350,26 +372,9 @@ def reduce_scatter_tensor(output, input, *, codec, op=ReduceOp.SUM, group=None,
                             f"must hold group size ({g.size}) x output ({out.numel()}) elements",
                             "allocate input with group size times output's elements")
         call.update(out=tuple(out.shape), inp=tuple(inp.shape), codec=repr(c), op=str(op))
-    p, me, m = g.size, g.rank, out.numel()
-    x = inp.reshape(-1)
-    nb = c.nbytes(m)
-    send, recv, splits = _exchange_buffers(p, me, nb)
-    for j in range(p):
-        if j != me:
-            piece, wire = x[j * m:(j + 1) * m].float(), _slot(send, j, me, nb)
-            if ef is None:
-                c.encode(piece, out=wire)
-            else:
-                ef.encode(c, piece, key=(key, "send", j), out=wire)
-    count("compress.wire", (p - 1) * nb)
-    commlib.all_to_all_single(recv, send, splits, splits, group=g)
-    acc = x[me * m:(me + 1) * m].float().clone()
-    for i in range(p):
-        if i != me:
-            c.decode(c.packed(_slot(recv, i, me, nb), (m,), torch.float32), out=acc,
-                     accumulate=True)
+    acc = _scatter(inp.reshape(-1), out.numel(), c, g, ef, key)()
     if avg:
-        acc.div_(p)
+        acc.div_(g.size)
     out.copy_(acc.view(out.shape))
 
 
@@ -386,17 +391,8 @@ def all_gather_into_tensor(output, input, *, codec, group=None):
                             f"must hold group size ({g.size}) x input ({inp.numel()}) elements",
                             "allocate output with group size times input's elements")
         call.update(out=tuple(out.shape), inp=tuple(inp.shape), codec=repr(c))
-    p, m = g.size, inp.numel()
-    nb = c.nbytes(m)
-    mine = torch.empty(nb, dtype=torch.uint8)
-    c.encode(inp.reshape(-1).float(), out=mine)
-    every = torch.empty(p * nb, dtype=torch.uint8)
-    count("compress.wire", (p - 1) * nb)
-    commlib.all_gather_into_tensor(every, mine, group=g)
     flat = out.view(-1) if out.is_contiguous() else torch.empty(out.numel(), dtype=out.dtype)
-    for i in range(p):
-        c.decode(c.packed(every[i * nb:(i + 1) * nb], (m,), torch.float32),
-                 out=flat[i * m:(i + 1) * m])
+    _gather(inp.reshape(-1).float(), c, g, flat)
     if flat.data_ptr() != out.data_ptr():
         out.copy_(flat.view(out.shape))
 
