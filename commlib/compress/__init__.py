@@ -22,7 +22,12 @@ from .collectives import (
     wire_bytes,
 )
 from .feedback import ErrorFeedback
+from .autograd import (all_gather_fn, all_reduce_fn, copy_fn, recv_activation, reduce_fn,
+                       reduce_scatter_fn, send_activation)
+from .ddp import ddp_hook
 
 __all__ = ["codec", "as_codec", "register", "names", "Codec", "Packed", "ErrorFeedback",
            "all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "send", "recv",
-           "explain", "wire_bytes"]
+           "explain", "wire_bytes",
+           "all_reduce_fn", "reduce_fn", "copy_fn", "reduce_scatter_fn", "all_gather_fn",
+           "send_activation", "recv_activation", "ddp_hook"]

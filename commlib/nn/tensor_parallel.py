@@ -36,6 +36,8 @@ from torch import nn
 
 import commlib
 from commlib.api.groups import resolve_group
+from commlib.compress.autograd import reduce_fn, reduce_scatter_fn
+from commlib.compress.codec import as_codec
 from commlib.errors import CommMismatchError, CommTypeError, arg_error
 
 from . import functional as F
@@ -257,6 +259,12 @@ class RowParallelLinear(_ShardedLinear):
             does. ``False``: one GEMM and one blocking collective.
         overlap_chunks: row chunks of that pipeline (default
             ``commlib.nn.functional.DEFAULT_OVERLAP_CHUNKS``, 4; fewer if there are fewer rows).
+        compress: a codec (name or ``commlib.compress.Codec``) for the partial outputs'
+            reduction: ``commlib.compress.reduce_fn`` (all-reduce, run as
+            ``compress_algorithm`` says: ``"auto"`` stays exact where compression does not pay,
+            ``"compressed"`` forces the codec) or, with sequence_parallel,
+            ``commlib.compress.reduce_scatter_fn`` (always the codec). The backward stays exact;
+            ``overlap`` does not apply. Default None: exact. float32/bfloat16/float16 layers only.
         device, dtype: of the parameters (as ``nn.Linear``).
 
     Example (2 ranks, ``dense = nn.Linear(6, 4)`` the same on both)::
@@ -269,20 +277,37 @@ class RowParallelLinear(_ShardedLinear):
     _fn = "nn.RowParallelLinear"
     _shard_dim = 1
     _bias_sharded = False
-    _from_dense_options = ("input_is_parallel", "sequence_parallel", "overlap", "overlap_chunks")
+    _from_dense_options = ("input_is_parallel", "sequence_parallel", "overlap", "overlap_chunks",
+                           "compress", "compress_algorithm")
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, group=None,
                  input_is_parallel: bool = True, sequence_parallel: bool = False,
-                 overlap: bool = True, overlap_chunks: int | None = None, device=None, dtype=None):
+                 overlap: bool = True, overlap_chunks: int | None = None, compress=None,
+                 compress_algorithm: str = "auto", device=None, dtype=None):
         super().__init__()
         self.overlap_chunks = F._overlap_chunks(self._fn, overlap_chunks)
+        self.compress = None if compress is None else as_codec(compress)
+        self.compress_algorithm = compress_algorithm
         self._setup(in_features, out_features, bias, group, overlap, device, dtype,
                     {"input_is_parallel": input_is_parallel, "sequence_parallel": sequence_parallel})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F._row_linear(self._fn + ".forward", x, self.weight, self.bias, self.group,
-                             self.input_is_parallel, self.sequence_parallel, self.overlap,
-                             self.overlap_chunks)
+        fn = self._fn + ".forward"
+        if self.compress is None or self.group_size == 1:
+            return F._row_linear(fn, x, self.weight, self.bias, self.group, self.input_is_parallel,
+                                 self.sequence_parallel, self.overlap, self.overlap_chunks)
+        g = resolve_group(self.group, fn)
+        k = self.in_features // (g.size if self.input_is_parallel else 1)
+        F._tp_input(fn, x, self.weight, k, "in_features (this rank's, if input_is_parallel)",
+                    self.sequence_parallel, g.size, True)
+        if not self.input_is_parallel:
+            x = F._SplitLast.apply(x, g)
+        y = torch.nn.functional.linear(x, self.weight)  # this rank's partial sum
+        if self.sequence_parallel:
+            y = reduce_scatter_fn(y, codec=self.compress, group=g)
+            return y if self.bias is None else F._SumBiasGrad.apply(y, self.bias, g)
+        y = reduce_fn(y, codec=self.compress, group=g, algorithm=self.compress_algorithm)
+        return y if self.bias is None else y + self.bias
 
 
 class ParallelMLP(nn.Module):
