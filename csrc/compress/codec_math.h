@@ -16,7 +16,7 @@
 #ifndef COMMLIB_CODEC_MATH_H
 #define COMMLIB_CODEC_MATH_H
 
-#include "reduce_math.h"
+#include "../reduce_math.h"
 
 #ifdef __CUDACC_RTC__
 typedef unsigned char cl_u8;

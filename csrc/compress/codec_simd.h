@@ -18,7 +18,7 @@
 #define COMMLIB_CODEC_SIMD_H
 
 #include "codec_math.h"
-#include "reduce_simd.h" /* CL_V3, cl_simd_usable, cl_ld8_f16, cl_ld8_bf16, cl_st8_bf16 */
+#include "../reduce_simd.h" /* CL_V3, cl_simd_usable, cl_ld8_f16, cl_ld8_bf16, cl_st8_bf16 */
 
 #ifdef CL_HAVE_SIMD
 /* inlined into the per-(kind, dtype) block functions of codecs.c, where kind and dtype are
