@@ -18,6 +18,7 @@ import commlib.compress as cc
 from commlib import config
 from commlib.compress import _fast, cuda
 from commlib.errors import CommArgumentError, CommBackendError, CommConfigError, CommTypeError
+from commlib.kernels import nvrtc
 
 ext = pytest.importorskip("commlib.compress._codecs",
                           reason="the C codecs are not built (pip install -e . with a C compiler)")
@@ -318,7 +319,7 @@ def test_contract_checks_its_arguments():
 
 
 def test_cuda_loader_without_cupy_says_so(monkeypatch):
-    monkeypatch.setattr(cuda, "_MODULE", None)
+    monkeypatch.setattr(nvrtc, "_MODULES", {})  # nothing compiled yet
     monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy -> ImportError
     with pytest.raises(CommBackendError, match=r"CuPy is not installed.*commlib\[cuda\]"):
         cuda.load_module()

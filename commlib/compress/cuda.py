@@ -15,23 +15,17 @@ per payload byte); decode is one (one thread per element).
 
 from __future__ import annotations
 
-import pathlib
-
 import numpy as np
 import torch
 
-from ..errors import CommBackendError
+from ..kernels import nvrtc
 
 __all__ = ["load_module", "kernel_names", "encode", "decode"]
 
-_CSRC = pathlib.Path(__file__).resolve().parents[2] / "csrc"
 _SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 _KIND = {"int8": 0, "int4": 1, "e4m3": 2, "e5m2": 3}  # CL_INT8 ... of codec_math.h
 _THREADS = 256  # CL_THREADS of compress.cu (the scales kernel's shared memory is sized by it)
 _MAX_GRID = 65535
-
-_MODULE = None
-
 
 def kernel_names() -> list[str]:
     """Every kernel this module launches (tests check that csrc/compress.cu defines each)."""
@@ -40,19 +34,14 @@ def kernel_names() -> list[str]:
                     for d in _SUFFIX.values()]
 
 
+_CSRC = nvrtc.CSRC  # the CUDA sources (tests read them from here)
+
+
 def load_module():
     """csrc/compress.cu compiled by NVRTC through CuPy (once per process)."""
-    global _MODULE
-    if _MODULE is None:
-        try:
-            import cupy  # optional dependency (the 'cuda' extra): only CUDA tensors get here
-        except ImportError as exc:
-            raise CommBackendError(
-                f"commlib.compress: CuPy is not installed ({exc}), and the codecs' CUDA kernels "
-                f"need it. Fix: pip install 'commlib[cuda]', or set COMMLIB_COMPRESS_IMPL=torch") from exc
-        source = (_CSRC / "compress.cu").read_text()
-        _MODULE = cupy.RawModule(code=source, options=("-std=c++17", f"-I{_CSRC}"))
-    return _MODULE
+    return nvrtc.load("compress.cu", "commlib.compress",
+                      "the codecs' CUDA kernels need it: pip install 'commlib[cuda]', or set "
+                      "COMMLIB_COMPRESS_IMPL=torch")
 
 
 def _launch(name: str, grid: int, args: tuple, device: torch.device) -> None:

@@ -41,14 +41,14 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import pathlib
 import struct
 from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
 
-from ..errors import CommBackendError, arg_error
+from ..errors import arg_error
+from ..kernels import nvrtc
 from ..ops import ReduceOp
 from ..topology.host import host_hash
 from .base import GroupFacts, Transport, refusal, register_transport
@@ -72,7 +72,6 @@ ONESHOT_LIMITS = ((2, None), (4, 512 << 10), (8, 256 << 10))  # (max ranks, byte
 
 _SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 _OPS = {ReduceOp.SUM: 0, ReduceOp.AVG: 0, ReduceOp.PRODUCT: 1, ReduceOp.MIN: 2, ReduceOp.MAX: 3}
-_CSRC = pathlib.Path(__file__).resolve().parents[2] / "csrc"
 
 
 def _round_up(x: int, a: int) -> int:
@@ -149,22 +148,13 @@ def op_args(op: ReduceOp, world_size: int) -> tuple[int, int]:
     return _OPS[op], (world_size if op is ReduceOp.AVG else 0)
 
 
-_MODULE = None
+_CSRC = nvrtc.CSRC  # the CUDA sources (tests read them from here)
 
 
 def load_module():
     """csrc/cuda_ipc.cu compiled by NVRTC through CuPy (once per process)."""
-    global _MODULE
-    if _MODULE is None:
-        try:
-            import cupy  # optional dependency (the 'cuda' extra): only GPU paths get here
-        except ImportError as exc:
-            raise CommBackendError(
-                f"commlib cuda_ipc: CuPy is not installed ({exc}). Fix: pip install "
-                f"'commlib[cuda]', or use backend='nccl'") from exc
-        source = (_CSRC / "cuda_ipc.cu").read_text()
-        _MODULE = cupy.RawModule(code=source, options=("-std=c++17", f"-I{_CSRC}"))
-    return _MODULE
+    return nvrtc.load("cuda_ipc.cu", "commlib cuda_ipc", "pip install 'commlib[cuda]', or use "
+                      "backend='nccl'")
 
 
 def p2p_works(dev_a: int, dev_b: int, nbytes: int = 1 << 16) -> bool:
