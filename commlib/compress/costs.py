@@ -3,21 +3,19 @@ this machine and agreed per group, and the group's links, from its agreed cost m
 
 The rates are measured, so ranks would measure different numbers, and choices made from different
 numbers would run different algorithms and never match their messages: rank 0's measurement is
-the group's (the first compressed collective of a codec on a group broadcasts it, as
-``commlib.overlap`` does for the matmul rate); :func:`known_rates` never communicates and uses
+the group's (the first compressed collective of a codec on a group broadcasts it, through
+``commlib.overlap.costs.agree``, as the matmul rate is); :func:`known_rates` never communicates and uses
 this rank's own measurement until the group has agreed.
 """
 
 from __future__ import annotations
 
 import time
-import weakref
 from typing import NamedTuple
 
 import torch
 
-import commlib
-
+from ..overlap.costs import agree, agreed_so_far
 from ..tuning import explain_call
 from ..tuning.model import DEFAULT_LINKS, LinkCost
 from .codec import Codec
@@ -37,7 +35,6 @@ class Rates(NamedTuple):
 
 
 _LOCAL: dict = {}  # codec key -> (encode s/elem, decode s/elem): this process's measurements
-_AGREED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # group -> {codec key: Rates}
 
 
 def _best(fn, repeat: int = 3) -> float:
@@ -68,25 +65,16 @@ def measure(codec: Codec) -> tuple[float, float]:
 def agreed_rates(group, codec: Codec) -> Rates:
     """The group's rates for ``codec``: collective the first time per (group, codec), rank 0
     measures and broadcasts; cached after."""
-    rates = _AGREED.setdefault(group, {})
-    hit = rates.get(codec.key)
-    if hit is None:
-        if group.size == 1:
-            hit = Rates(*measure(codec), "measured, one rank")
-        else:
-            t = torch.tensor(measure(codec) if group.rank == 0 else (0.0, 0.0), dtype=torch.float64)
-            commlib.broadcast(t, group=group, group_src=0)
-            hit = Rates(float(t[0]), float(t[1]), "rank 0's measurement, agreed")
-        rates[codec.key] = hit
-    return hit
+    (enc, dec), source = agree(group, ("codec", codec.key), lambda: measure(codec), 2)
+    return Rates(enc, dec, source)
 
 
 def known_rates(group, codec: Codec) -> Rates:
     """The agreed rates if the group has them, else this rank's measurement (never
     communicates)."""
-    hit = _AGREED.get(group, {}).get(codec.key)
+    hit = agreed_so_far(group, ("codec", codec.key))
     if hit is not None:
-        return hit
+        return Rates(*hit[0], hit[1])
     return Rates(*measure(codec), "this rank's measurement; the group agrees rank 0's at its "
                                   "first compressed collective of this codec")
 

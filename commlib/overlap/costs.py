@@ -23,7 +23,8 @@ from ..tuning import explain_call
 from ..tuning.model import DEFAULT_LINKS, LinkCost
 from .plan import MatmulRate
 
-__all__ = ["p2p_link", "plain_seconds", "shares_cores", "agreed_rate", "known_rate", "measure",
+__all__ = ["p2p_link", "plain_seconds", "shares_cores", "agree", "agreed_so_far",
+           "agreed_rate", "known_rate", "measure",
            "MEASURE_N", "PIECE_OVERHEAD_S"]
 
 # Square operands of the rate measurement (2·N³ flops: 14 MFLOP, ~0.3 ms in float32 on one
@@ -36,7 +37,7 @@ MEASURE_N, TINY_N = 192, 4
 PIECE_OVERHEAD_S = 4e-6
 
 _LOCAL: dict = {}  # (device, dtype) -> (flops/s, call s): this process's measurements
-_AGREED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # group -> {(device type, dtype): rate}
+_AGREED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # group -> {key: (values, source)}
 
 
 def p2p_link(group, device: str) -> tuple[LinkCost, str]:
@@ -110,31 +111,42 @@ def measure(dtype: torch.dtype, device: torch.device | str = "cpu") -> tuple[flo
     return hit
 
 
+def agree(group, key, measure, n: int) -> tuple[tuple[float, ...], str]:
+    """Rank 0's ``measure()`` (``n`` floats) as the group's, and where it comes from: collective
+    the first time per (group, key), every rank calls; cached after. Every measured number a plan
+    or a choice reads goes through here, so that every rank makes the same plan or choice."""
+    agreed = _AGREED.setdefault(group, {})
+    hit = agreed.get(key)
+    if hit is None:
+        if group.size == 1:
+            hit = (tuple(measure()), "measured, one rank")
+        else:
+            t = torch.tensor(measure() if group.rank == 0 else (0.0,) * n, dtype=torch.float64)
+            commlib.broadcast(t, group=group, group_src=0)
+            hit = (tuple(t.tolist()), "rank 0's measurement, agreed")
+        agreed[key] = hit
+    return hit
+
+
+def agreed_so_far(group, key) -> tuple[tuple[float, ...], str] | None:
+    """What :func:`agree` cached for (group, key), or None (never communicates)."""
+    return _AGREED.get(group, {}).get(key)
+
+
 def agreed_rate(group, dtype: torch.dtype, device: torch.device) -> MatmulRate:
     """The group's matmul rate for ``dtype`` on ``device``'s type. Collective the first time per
     (group, device type, dtype): rank 0 measures and broadcasts; cached after."""
-    rates = _AGREED.setdefault(group, {})
-    key = (torch.device(device).type, dtype)
-    hit = rates.get(key)
-    if hit is None:
-        if group.size == 1:
-            flops, call = measure(dtype, device)
-            hit = MatmulRate(flops, call, "measured, one rank")
-        else:
-            mine = measure(dtype, device) if group.rank == 0 else (0.0, 0.0)
-            t = torch.tensor(mine, dtype=torch.float64)
-            commlib.broadcast(t, group=group, group_src=0)
-            hit = MatmulRate(float(t[0]), float(t[1]), "rank 0's measurement, agreed")
-        rates[key] = hit
-    return hit
+    (flops, call), source = agree(group, ("matmul", torch.device(device).type, dtype),
+                                  lambda: measure(dtype, device), 2)
+    return MatmulRate(flops, call, source)
 
 
 def known_rate(group, dtype: torch.dtype, device: torch.device) -> MatmulRate:
     """The agreed rate if the group has one for ``dtype``, else this rank's measurement (local:
     never communicates)."""
-    hit = _AGREED.get(group, {}).get((torch.device(device).type, dtype))
+    hit = agreed_so_far(group, ("matmul", torch.device(device).type, dtype))
     if hit is not None:
-        return hit
+        return MatmulRate(*hit[0], hit[1])
     flops, call = measure(dtype, device)
     return MatmulRate(flops, call, "this rank's measurement; the group agrees rank 0's at its "
                                    "first collective matmul of this dtype")
