@@ -11,7 +11,10 @@ Run under ``mpiexec`` on one host, or across hosts (the multi-host cluster of do
 of each codec on float32 inputs, counted on the float32 side (4 bytes per element), against a
 ``torch.Tensor.copy_`` (memcpy) of the same bytes measured in the same run; ``C`` is the
 extension's path, ``torch`` the definition. Median of ``--rounds`` best-of-3 timings. The check:
-the C encode and decode each at >= 30% of memcpy.
+the C encode and decode each at >= 30% of memcpy. Then **error against bits** (rank 0): for each
+codec setting, the bits sent per element (``8 nbytes(n) / n``), the relative RMS and max error of
+one round trip on 1 Mi standard-normal float32 values, and the largest error over the documented
+``bound``; the check: that ratio <= 1 everywhere.
 
 **collectives**: for each float32 size and codec, the slowest rank's mean time per call (a loop
 after a barrier, median of ``--rounds`` rounds, each after the quiet gate of bench/_quiet.py) of
@@ -23,9 +26,11 @@ after a barrier, median of ``--rounds`` rounds, each after the quiet gate of ben
 * the compressed ``reduce_scatter_tensor`` and ``all_gather_into_tensor`` beside commlib's
   uncompressed ones.
 
-Columns: ``ms``; ``x mpi``: MPI's time over this row's (the speed-up); ``wire MiB``: bytes this
+Columns: ``ms``; ``x mpi``: MPI's time over this row's (the speed-up; for the reduce-scatter and
+all-gather rows, commlib's uncompressed one's time over this row's); ``wire MiB``: bytes this
 rank sent, counted (``traffic()``'s ``compress.wire``), and ``formula`` whether it equals
-``2 (p-1) nbytes(ceil(n/p))`` (flat; hierarchical: the same across hosts on the shard);
+``2 (p-1) nbytes(ceil(n/p))`` (flat; hierarchical: the same across hosts on the shard; the
+reduce-scatter and the all-gather each send half of it, ``(p-1) nbytes(n/p)``);
 ``/bound``: time over the uncompressed all-reduce's link bound (each host must send
 ``2 (h-1)/h`` of the buffer across its link: ``--link-gbit``, default 1 Gb/s; ``-`` on one host);
 ``max rel err``: the largest |result - exact| / max|exact| against a float64 all-reduce.
@@ -52,6 +57,13 @@ from commlib.compress import _fast
 from commlib.nn.functional import traffic
 
 CODECS = {"int8": {}, "int4": {}, "fp8": {}, "fp8-e5m2": {"format": "e5m2"}}
+# error against bits: (codec, options), cheapest last within each family
+SETTINGS = [("int8", {"block": 32}), ("int8", {"block": 256}), ("int8", {"block": 4096}),
+            ("int8", {"block": None}), ("fp8", {"block": 256}),
+            ("fp8", {"block": 256, "format": "e5m2"}), ("fp8", {"block": None}),
+            ("int4", {"block": 32}), ("int4", {"block": 64}), ("int4", {"block": 256}),
+            ("int4", {"block": 64, "scale_dtype": torch.float16}), ("topk", {"ratio": 0.25}),
+            ("topk", {"ratio": 0.1}), ("topk", {"ratio": 0.01})]
 
 
 def make(name: str):
@@ -101,6 +113,26 @@ def codec_table(args, out) -> list[str]:
                     failures.append(f"{name} {fmt_bytes(size)}: C encode {100 * m / e:.0f}%, "
                                     f"decode {100 * m / d:.0f}% of memcpy")
         os.environ.pop("COMMLIB_COMPRESS_IMPL", None)
+    return failures
+
+
+def error_table(out, n: int = 1 << 20) -> list[str]:
+    """One round trip of ``n`` standard-normal float32 values per codec setting."""
+    failures = []
+    x = torch.randn(n, generator=torch.Generator().manual_seed(1))
+    out(f"# error against bits: one round trip of {n} standard-normal float32 values")
+    out(f"# {'codec':34} | {'bits/elem':>9} | {'rms rel err':>11} | {'max rel err':>11} | "
+        f"{'max err/bound':>13}")
+    for name, options in SETTINGS:
+        c = cc.codec(name, **options)
+        label = " ".join([name] + [f"{k}={str(v).replace('torch.', '')}" for k, v in options.items()])
+        err = (c.decode(c.encode(x)).double() - x.double()).abs()
+        ratio = float((err / c.bound(x).double().clamp_min(1e-300)).max())
+        out(f"  {label:34} | {8 * c.nbytes(n) / n:9.3f} | "
+            f"{float(err.norm() / x.double().norm()):11.2e} | "
+            f"{float(err.max() / x.abs().max()):11.2e} | {ratio:13.3f}")
+        if ratio > 1:
+            failures.append(f"{c!r}: round-trip error {ratio:.3f}x its bound")
     return failures
 
 
@@ -171,13 +203,16 @@ def collective_table(args, out, comm) -> list[str]:
             formula = "-"
             if name in CODECS and algo == "compressed":
                 formula = "ok" if wire[key] == cc.wire_bytes(n, p, make(name)) else "DIFF"
+            elif name in CODECS and algo in ("reduce_scatter", "all_gather"):
+                formula = "ok" if 2 * wire[key] == cc.wire_bytes(n, p, make(name)) else "DIFF"
             elif name in CODECS and algo == "hierarchical":
                 local = len(hosts[0])
                 want = cc.wire_bytes(math.ceil(n / local), h, make(name))
                 formula = "ok" if wire[key] == want else "DIFF"
             full = "reduce_scatter" not in key and "all_gather" not in key
+            ref = med["mpi"] if full else med[f"commlib {algo}"]
             out(f"  {fmt_bytes(size):>7} {name:9} {algo or 'uncompressed':>22} | "
-                f"{med[key] * 1e3:9.2f} | {med['mpi'] / med[key] if full else float('nan'):6.2f} | "
+                f"{med[key] * 1e3:9.2f} | {ref / med[key]:6.2f} | "
                 f"{wire[key] / 2**20:9.3f} {formula:>7} | "
                 f"{med[key] / bound_s if (bound_s and full) else float('nan'):6.2f} | "
                 f"{err[key] if key in err else float('nan'):11.2e}")
@@ -230,6 +265,7 @@ def main() -> int:
         sizes, args.sizes = args.sizes, args.sizes or [1 << 20, 4 << 20, 16 << 20, 64 << 20]
         if rank == 0:
             failures += codec_table(args, out)
+            failures += error_table(out)
         args.sizes = sizes
         comm.Barrier()
     if args.part in ("collectives", "both"):

@@ -36,8 +36,10 @@ from torch import nn
 
 import commlib
 from commlib.api.groups import resolve_group
-from commlib.compress.autograd import reduce_fn, reduce_scatter_fn
+from commlib.compress.autograd import (BACKWARD, all_gather_fn, copy_fn, reduce_fn,
+                                       reduce_scatter_fn)
 from commlib.compress.codec import as_codec
+from commlib.compress.collectives import ALGORITHMS
 from commlib.errors import CommMismatchError, CommTypeError, arg_error
 
 from . import functional as F
@@ -97,6 +99,18 @@ def _agree_on_grads(fn: str, g, params: list) -> list[bool]:
                                 f".grad ({rows}). Fix: run the same backward on every rank of "
                                 "the group before to_dense(), or zero_grad(set_to_none=True) on all")
     return mine
+
+
+def _compress_options(fn: str, compress, backward, algorithm) -> tuple:
+    """The ``compress=``, ``compress_backward=`` and ``compress_algorithm=`` of a layer, checked:
+    (codec or None, backward or None, algorithm)."""
+    if backward is not None and backward not in BACKWARD:
+        raise arg_error(fn, "compress_backward", backward, f"must be None or one of {BACKWARD}",
+                        "pass None (the layer's default), 'exact' or 'compressed'")
+    if algorithm not in ALGORITHMS:
+        raise arg_error(fn, "compress_algorithm", algorithm, f"must be one of {ALGORITHMS}",
+                        "pass 'auto' (exact where compression does not pay) or 'compressed'")
+    return (None if compress is None else as_codec(compress)), backward, algorithm
 
 
 class _ShardedLinear(nn.Module):
@@ -181,6 +195,10 @@ class _ShardedLinear(nn.Module):
             setattr(dense, name, full)
         return dense
 
+    def _compress(self, compress, backward, algorithm) -> None:
+        self.compress, self.compress_backward, self.compress_algorithm = _compress_options(
+            self._fn, compress, backward, algorithm)
+
     def extra_repr(self) -> str:
         flags = ", ".join(f"{k}={getattr(self, k)}" for k in self._from_dense_options)
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -208,6 +226,18 @@ class ColumnParallelLinear(_ShardedLinear):
             (``commlib.overlap.all_gather_matmul``, whose autograd also pipelines the backward);
             without, the input gradient's all-reduce runs while the weight gradient is computed.
             ``False``: plain blocking collectives.
+        compress: a codec (name or ``commlib.compress.Codec``) for the input's collectives:
+            with sequence_parallel, the forward all-gather of the sequence shards
+            (``commlib.compress.all_gather_fn``; its backward reduce-scatter is exact unless
+            ``compress_backward="compressed"``); without, the input gradient's all-reduce in
+            backward, the layer's only collective (``commlib.compress.copy_fn``; compressed unless
+            ``compress_backward="exact"``, run as ``compress_algorithm`` says). ``overlap`` does
+            not apply and ``gather_output`` stays exact. Default None: exact.
+            float32/bfloat16/float16 layers only.
+        compress_backward: None (the default above), ``"exact"`` or ``"compressed"``.
+        compress_algorithm: the compressed all-reduce's (``commlib.compress.all_reduce``):
+            ``"auto"`` stays exact where compression does not pay (on one host, always),
+            ``"compressed"`` forces the codec.
         device, dtype: of the parameters (as ``nn.Linear``).
 
     Example (2 ranks, both seeded alike)::
@@ -221,18 +251,35 @@ class ColumnParallelLinear(_ShardedLinear):
     _fn = "nn.ColumnParallelLinear"
     _shard_dim = 0
     _bias_sharded = True
-    _from_dense_options = ("gather_output", "sequence_parallel", "overlap")
+    _from_dense_options = ("gather_output", "sequence_parallel", "overlap", "compress",
+                           "compress_backward", "compress_algorithm")
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, group=None,
                  gather_output: bool = False, sequence_parallel: bool = False,
-                 overlap: bool = True, device=None, dtype=None):
+                 overlap: bool = True, compress=None, compress_backward: str | None = None,
+                 compress_algorithm: str = "auto", device=None, dtype=None):
         super().__init__()
+        self._compress(compress, compress_backward, compress_algorithm)
         self._setup(in_features, out_features, bias, group, overlap, device, dtype,
                     {"gather_output": gather_output, "sequence_parallel": sequence_parallel})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F._column_linear(self._fn + ".forward", x, self.weight, self.bias, self.group,
-                                self.gather_output, self.sequence_parallel, self.overlap)
+        fn = self._fn + ".forward"
+        if self.compress is None or self.group_size == 1:
+            return F._column_linear(fn, x, self.weight, self.bias, self.group,
+                                    self.gather_output, self.sequence_parallel, self.overlap)
+        g = resolve_group(self.group, fn)
+        F._tp_input(fn, x, self.weight, self.in_features, "in_features", self.sequence_parallel,
+                    g.size, False)
+        if self.sequence_parallel:
+            x = all_gather_fn(x, codec=self.compress, group=g,
+                              backward=self.compress_backward or "exact")
+        else:
+            x = copy_fn(x, codec=self.compress, group=g,
+                        backward=self.compress_backward or "compressed",
+                        algorithm=self.compress_algorithm)
+        y = torch.nn.functional.linear(x, self.weight, self.bias)
+        return F._GatherLast.apply(y, g) if self.gather_output else y
 
 
 class RowParallelLinear(_ShardedLinear):
@@ -262,9 +309,12 @@ class RowParallelLinear(_ShardedLinear):
         compress: a codec (name or ``commlib.compress.Codec``) for the partial outputs'
             reduction: ``commlib.compress.reduce_fn`` (all-reduce, run as
             ``compress_algorithm`` says: ``"auto"`` stays exact where compression does not pay,
-            ``"compressed"`` forces the codec) or, with sequence_parallel,
-            ``commlib.compress.reduce_scatter_fn`` (always the codec). The backward stays exact;
-            ``overlap`` does not apply. Default None: exact. float32/bfloat16/float16 layers only.
+            ``"compressed"`` forces the codec; its backward is the identity) or, with
+            sequence_parallel, ``commlib.compress.reduce_scatter_fn`` (always the codec; its
+            backward all-gather is exact unless ``compress_backward="compressed"``). ``overlap``
+            does not apply. Default None: exact. float32/bfloat16/float16 layers only.
+        compress_backward: None (exact), ``"exact"`` or ``"compressed"``.
+        compress_algorithm: see ``compress``.
         device, dtype: of the parameters (as ``nn.Linear``).
 
     Example (2 ranks, ``dense = nn.Linear(6, 4)`` the same on both)::
@@ -278,16 +328,16 @@ class RowParallelLinear(_ShardedLinear):
     _shard_dim = 1
     _bias_sharded = False
     _from_dense_options = ("input_is_parallel", "sequence_parallel", "overlap", "overlap_chunks",
-                           "compress", "compress_algorithm")
+                           "compress", "compress_backward", "compress_algorithm")
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, group=None,
                  input_is_parallel: bool = True, sequence_parallel: bool = False,
                  overlap: bool = True, overlap_chunks: int | None = None, compress=None,
-                 compress_algorithm: str = "auto", device=None, dtype=None):
+                 compress_backward: str | None = None, compress_algorithm: str = "auto",
+                 device=None, dtype=None):
         super().__init__()
         self.overlap_chunks = F._overlap_chunks(self._fn, overlap_chunks)
-        self.compress = None if compress is None else as_codec(compress)
-        self.compress_algorithm = compress_algorithm
+        self._compress(compress, compress_backward, compress_algorithm)
         self._setup(in_features, out_features, bias, group, overlap, device, dtype,
                     {"input_is_parallel": input_is_parallel, "sequence_parallel": sequence_parallel})
 
@@ -304,7 +354,8 @@ class RowParallelLinear(_ShardedLinear):
             x = F._SplitLast.apply(x, g)
         y = torch.nn.functional.linear(x, self.weight)  # this rank's partial sum
         if self.sequence_parallel:
-            y = reduce_scatter_fn(y, codec=self.compress, group=g)
+            y = reduce_scatter_fn(y, codec=self.compress, group=g,
+                                  backward=self.compress_backward or "exact")
             return y if self.bias is None else F._SumBiasGrad.apply(y, self.bias, g)
         y = reduce_fn(y, codec=self.compress, group=g, algorithm=self.compress_algorithm)
         return y if self.bias is None else y + self.bias
@@ -328,6 +379,12 @@ class ParallelMLP(nn.Module):
             length must divide by N). Default: input and output are replicated.
         overlap: as in both layers (see :class:`ColumnParallelLinear`, :class:`RowParallelLinear`).
         overlap_chunks: ``fc2``'s row chunks (see :class:`RowParallelLinear`).
+        compress, compress_backward, compress_algorithm: passed to both layers (see
+            :class:`ColumnParallelLinear` and :class:`RowParallelLinear`): with a codec and the
+            defaults, each direction has one compressed collective (fc2's output reduction
+            forward, fc1's input-gradient all-reduce backward; with sequence_parallel, fc1's
+            all-gather and fc2's reduce-scatter forward, the backward exact unless
+            ``compress_backward="compressed"``).
         device, dtype: of the parameters.
 
     Example (2 ranks, both seeded alike)::
@@ -338,12 +395,15 @@ class ParallelMLP(nn.Module):
     """
 
     _fn = "nn.ParallelMLP"
-    _from_dense_options = ("activation", "sequence_parallel", "overlap", "overlap_chunks")
+    _from_dense_options = ("activation", "sequence_parallel", "overlap", "overlap_chunks",
+                           "compress", "compress_backward", "compress_algorithm")
 
     def __init__(self, hidden_size: int, ffn_hidden_size: int, *, group=None,
                  activation=torch.nn.functional.gelu, bias: bool = True,
                  sequence_parallel: bool = False, overlap: bool = True,
-                 overlap_chunks: int | None = None, device=None, dtype=None):
+                 overlap_chunks: int | None = None, compress=None,
+                 compress_backward: str | None = None, compress_algorithm: str = "auto",
+                 device=None, dtype=None):
         super().__init__()
         fn = self._fn
         hidden_size = _positive(fn, "hidden_size", hidden_size)
@@ -357,12 +417,15 @@ class ParallelMLP(nn.Module):
                             CommTypeError)
         self.hidden_size, self.ffn_hidden_size = hidden_size, ffn_hidden_size
         self.activation = activation
+        compress_opts = {"compress": compress, "compress_backward": compress_backward,
+                   "compress_algorithm": compress_algorithm}
         self.fc1 = ColumnParallelLinear(hidden_size, ffn_hidden_size, bias, group=group,
                                         sequence_parallel=sequence_parallel, overlap=overlap,
-                                        device=device, dtype=dtype)
+                                        device=device, dtype=dtype, **compress_opts)
         self.fc2 = RowParallelLinear(ffn_hidden_size, hidden_size, bias, group=group,
                                      sequence_parallel=sequence_parallel, overlap=overlap,
-                                     overlap_chunks=overlap_chunks, device=device, dtype=dtype)
+                                     overlap_chunks=overlap_chunks, device=device, dtype=dtype,
+                                     **compress_opts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.activation(self.fc1(x)))
@@ -373,7 +436,8 @@ class ParallelMLP(nn.Module):
         either its two ``nn.Linear`` layers, ``from_dense(fc1, fc2)``, or an
         ``nn.Sequential(fc1, activation, fc2)``, whose middle module becomes the activation
         (unless ``activation=`` is given). ``options``: ``activation`` (default gelu for two
-        layers), ``sequence_parallel``, ``overlap``, ``overlap_chunks``."""
+        layers), ``sequence_parallel``, ``overlap``, ``overlap_chunks``, ``compress``,
+        ``compress_backward``, ``compress_algorithm``."""
         fn = cls._fn + ".from_dense"
         _options(fn, options, cls._from_dense_options)
         if fc2 is None:
@@ -410,5 +474,5 @@ class ParallelMLP(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"hidden_size={self.hidden_size}, ffn_hidden_size={self.ffn_hidden_size}, "
-                f"group_size={self.fc1.group_size}")
+                f"group_size={self.fc1.group_size}, compress={self.fc1.compress}")
 

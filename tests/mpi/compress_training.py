@@ -27,7 +27,7 @@ from compress_cases import chunked_bound, data  # noqa: E402
 
 import commlib  # noqa: E402
 import commlib.compress as cc  # noqa: E402
-from commlib.nn import RowParallelLinear  # noqa: E402
+from commlib.nn import ParallelMLP, RowParallelLinear  # noqa: E402
 from commlib.nn.functional import traffic  # noqa: E402
 
 CODECS = [cc.codec("int8"), cc.codec("fp8")]
@@ -245,6 +245,83 @@ def case_row_parallel_compress():
         back = layer.to_dense()
         torch.testing.assert_close(back.weight.grad, ref.weight.grad, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(back.bias.grad, ref.bias.grad, rtol=1e-5, atol=1e-5)
+
+
+def case_parallel_mlp_compress():
+    """ParallelMLP(compress=...), i.e. ColumnParallelLinear and RowParallelLinear with a codec,
+    with and without sequence parallelism, compress_backward None (the layers' defaults), exact
+    and compressed, against the dense MLP run on what the codec delivers: where a collective
+    moves values rather than sums (a compressed all-gather), the dense run takes their round trip
+    and must then agree to float rounding; where it sums, within the codec's bound. Outputs, the
+    input gradient and every parameter's gradient (gathered by to_dense); the codec runs in a
+    direction exactly where asked (compress.wire bytes)."""
+    rank, p = world()
+    c = cc.codec("int8")
+    hidden, ffn, seq = 12, 8 * p, 2 * p
+    torch.manual_seed(13)
+    fc1, fc2 = nn.Linear(hidden, ffn), nn.Linear(ffn, hidden)
+    x0 = torch.randn(seq, 3, hidden)
+    dy = ints(0, (seq, 3, hidden), 17)  # the total output gradient
+    rows = slice(rank * 2, (rank + 1) * 2)  # this rank's sequence shard
+    coded = p > 1  # one rank: no collective, no codec
+
+    def gathered(t):  # what a compressed all-gather of every rank's sequence shard delivers
+        return torch.cat([roundtrip(c, t[s * 2:(s + 1) * 2]) for s in range(p)]) if coded else t
+
+    for sp in (False, True):
+        for mode in (None, "exact", "compressed"):
+            what = ("parallel mlp", sp, mode)
+            back = mode or ("exact" if sp else "compressed")  # the layers' defaults
+            mlp = ParallelMLP.from_dense(fc1, fc2, sequence_parallel=sp, compress="int8",
+                                         compress_backward=mode, compress_algorithm="compressed")
+            assert mlp.fc1.compress == c and mlp.fc2.compress == c, what
+            x_in = gathered(x0) if sp else x0  # the input the GEMMs see
+            dy_in = gathered(dy) if sp and back == "compressed" else dy  # fc2's gathered dy
+            # the dense run on those
+            ref1, ref2 = nn.Linear(hidden, ffn), nn.Linear(ffn, hidden)
+            ref1.load_state_dict(fc1.state_dict())
+            ref2.load_state_dict(fc2.state_dict())
+            ref2(torch.nn.functional.gelu(ref1(x_in))).backward(dy_in)
+            with torch.no_grad():
+                parts = [_mlp_partial(x_in, fc1, fc2, s, p) for s in range(p)]
+            dxs = []  # every rank's partial input gradient
+            for s in range(p):
+                xs_ = x_in.clone().requires_grad_()
+                _mlp_partial(xs_, fc1, fc2, s, p).backward(dy_in)
+                dxs.append(xs_.grad)
+            want_y = torch.stack(parts).sum(0) + fc2.bias.detach()
+            want_dx = torch.stack(dxs).sum(0)
+            x = (x0[rows] if sp else x0).clone().requires_grad_()
+            with traffic() as fwd:
+                y = mlp(x)
+            with traffic() as bwd:
+                y.backward(dy[rows] if sp else dy)
+            assert (fwd.by_kind.get("compress.wire", 0) > 0) == coded, (what, fwd.by_kind)
+            assert (bwd.by_kind.get("compress.wire", 0) > 0) == (coded and back == "compressed"), \
+                (what, bwd.by_kind)
+            if sp:  # reduce-scatters: the rank's own part exact, the others' encoded once
+                within(y, want_y[rows], sum(c.bound(parts[s][rows]) for s in range(p)
+                                            if s != rank) + 1e-5, what + ("out",))
+                dx_bound = sum(c.bound(dxs[s][rows]) for s in range(p) if s != rank) \
+                    if back == "compressed" else 0
+                within(x.grad, want_dx[rows], dx_bound + 1e-5, what + ("dx",))
+            else:  # all-reduces: every part encoded, then the owner's sum
+                within(y, want_y, (sum_bound(c, parts, p) if coded else 0) + 1e-5,
+                       what + ("out",))
+                dx_bound = sum_bound(c, dxs, p) if coded and back == "compressed" else 0
+                within(x.grad, want_dx, dx_bound + 1e-5, what + ("dx",))
+                same_on_every_rank(x.grad, what + ("dx",))
+            d1, d2 = mlp.to_dense()
+            for got, want in ((d1.weight.grad, ref1.weight.grad), (d1.bias.grad, ref1.bias.grad),
+                              (d2.weight.grad, ref2.weight.grad)):
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=str(what))
+            # the replicated bias's gradient is summed exact from every rank's own dy
+            torch.testing.assert_close(d2.bias.grad, dy.sum((0, 1)), rtol=1e-5, atol=1e-5,
+                                       msg=str(what))
+    expect_error(lambda: ParallelMLP(8, 4 * p, compress="int8", compress_backward="approx"),
+                 "compress_backward", "Fix:")
+    expect_error(lambda: ParallelMLP(8, 4 * p, compress="int8", compress_algorithm="ring"),
+                 "compress_algorithm", "Fix:")
 
 
 # ----- pipeline activations ---------------------------------------------------------------------
