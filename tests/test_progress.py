@@ -11,8 +11,32 @@ import pytest
 from conftest import MPI_DIR
 from test_torch_backend import run_torch
 
+from commlib.runtime.progress import choose_lane, set_progress
+
 CASES = ["case_progress_while_computing", "case_no_progress_without_the_thread",
-         "case_async_beside_blocking"]
+         "case_auto_thread_only_where_a_core_is_free", "case_async_beside_blocking"]
+
+
+@pytest.mark.parametrize("mode,spans_hosts,ranks_on_host,cores,lane", [
+    ("auto", True, 8, 2, "remote"),  # across hosts the network moves the data: always a thread
+    ("auto", True, 1, 64, "remote"),
+    ("auto", False, 2, 2, None),  # one host, no free core: progress in wait()
+    ("auto", False, 4, 2, None),
+    ("auto", False, 2, 3, "local"),  # a free core
+    ("auto", False, 1, 2, "local"),
+    ("thread", False, 4, 2, "local"),  # forced
+    ("thread", True, 4, 2, "remote"),
+    ("wait", True, 1, 64, None),
+    ("wait", False, 1, 64, None),
+])
+def test_choose_lane(mode, spans_hosts, ranks_on_host, cores, lane):
+    """Which progress thread serves a group, from its facts (a pure function)."""
+    assert choose_lane(mode, spans_hosts, ranks_on_host, cores) == lane
+
+
+def test_set_progress_rejects_unknown_modes():
+    with pytest.raises(ValueError, match="'spin'.*auto"):
+        set_progress("spin")
 
 
 @pytest.mark.parametrize("n,shm", [(1, "1"), (2, "1"), (4, "1"), (2, "0")])

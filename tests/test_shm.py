@@ -49,7 +49,8 @@ def test_killed_rank_gives_the_others_an_error(mode, shared, asynchronous, tmp_p
     why not mpiexec); the last is SIGKILLed inside a multi-chunk all-reduce, or (``shared``)
     after publishing its block of an all-gather whose other inputs are shared buffers, whose
     owners wait for every peer to have read them before returning, or (``asynchronous``) while
-    the survivors compute after issuing an asynchronous all-reduce: their progress thread meets
+    the survivors compute after issuing an asynchronous all-reduce: their progress thread
+    (``COMMLIB_PROGRESS=thread``: by default, ranks that outnumber the cores get none) meets
     the failure meanwhile and ``wait()`` raises it. Each survivor raises
     CommBackendError naming the dead rank within seconds, the group then refuses every call with
     the same error, nothing hangs and nothing is left in /dev/shm."""
@@ -62,7 +63,9 @@ def test_killed_rank_gives_the_others_an_error(mode, shared, asynchronous, tmp_p
              for env in torchrun_env(3, COMMLIB_SHM_SLOT_BYTES=SMALL_SLOT,
                                      COMMLIB_TIMEOUT_MODE=mode, SHM_DIE_REPORT=str(report),
                                      SHM_DIE_SHARED=str(int(shared)),
-                                     SHM_DIE_ASYNC=str(int(asynchronous)))]
+                                     SHM_DIE_ASYNC=str(int(asynchronous)),
+                                     # 3 ranks on 2 cores: only a forced thread runs on one host
+                                     COMMLIB_PROGRESS="thread" if asynchronous else "auto")]
     try:
         outputs = [p.communicate(timeout=90)[0] for p in procs]
     finally:

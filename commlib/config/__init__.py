@@ -43,8 +43,8 @@ def _parse_timeout_mode(text: str) -> str:
 
 def _parse_progress(text: str) -> str:
     mode = text.strip().lower()
-    if mode not in ("thread", "wait"):
-        raise ValueError("expected 'thread' or 'wait'")
+    if mode not in ("auto", "thread", "wait"):
+        raise ValueError("expected 'auto', 'thread' or 'wait'")
     return mode
 
 
@@ -220,10 +220,13 @@ OPTIONS: dict[str, Option] = {
                "into it with streaming (non-temporal) stores, which skip reading the "
                "destination first: faster once the output is too large for the caches, slower "
                "below. Default: 16 MiB (docs/shm.md); a huge value (`1G`) turns them off."),
-        Option("progress", "thread", _parse_progress,
+        Option("progress", "auto", _parse_progress,
                "How asynchronous operations (`async_op=True`) advance while the caller computes. "
-               "`thread` (default): a progress thread advances them, sleeping in the engine or "
-               "between passes, never spinning (docs/overlap.md). `wait`: only inside "
+               "`auto` (default): a progress thread advances those of groups across hosts, and "
+               "of groups on one host only when the host has more cores than ranks (there the "
+               "progress is copying by the cores, which a thread can only take from the "
+               "compute). `thread`: a progress thread for every group. The threads sleep in the "
+               "engine or between passes, never spinning (docs/overlap.md). `wait`: only inside "
                "`Work.wait()`, `Work.is_completed()` and other commlib calls."),
         Option("progress_nice", 19, _parse_nice,
                "Niceness of the progress thread serving groups on one host (Linux). Their "

@@ -11,14 +11,18 @@ Every operation is a generator that yields lists of backend handles and finishes
   other pending asynchronous operation is advanced too, so ranks that wait on asynchronous
   multi-step operations in different orders cannot deadlock.
 * the **progress threads** advance pending ``Work``s while the caller's thread computes, so that
-  communication issued with ``async_op=True`` overlaps compute (``COMMLIB_PROGRESS=thread``, the
-  default; started with the first asynchronous operation). They never spin: when a pass over the
-  pending works completes nothing, a thread blocks in the engine where the engine can wait
-  without spinning (a shared-memory step sleeps in a futex until the lagging peer publishes; a
-  gloo transfer waits on its waiter thread's event; neither advances anything: only passes do,
-  and the caller's thread keeps the passes off while it drives), and otherwise sleeps between
-  passes, from
-  ``COMMLIB_PROGRESS_MIN_US`` doubling to ``COMMLIB_PROGRESS_MAX_US`` while nothing completes
+  communication issued with ``async_op=True`` overlaps compute (started with the first
+  asynchronous operation). ``COMMLIB_PROGRESS=auto``, the default, uses them where they can hide
+  something (:func:`choose_lane`): for every group across hosts, whose data the network moves
+  while the cores compute, and for a group on one host only when the host has more cores than
+  ranks, since there the progress is copying by the cores themselves and a thread with no free
+  core can only take time from the compute; ``thread`` uses them everywhere, ``wait`` nowhere.
+  They never spin: when a pass over the pending works completes nothing, a thread blocks in the
+  engine where the engine can wait without spinning (a shared-memory step sleeps in a futex until
+  the lagging peer publishes; a gloo transfer waits on its waiter thread's event; neither
+  advances anything: only passes do, and the caller's thread keeps the passes off while it
+  drives), and otherwise sleeps between passes, from ``COMMLIB_PROGRESS_MIN_US`` doubling to
+  ``COMMLIB_PROGRESS_MAX_US`` while nothing completes
   (MPI moves data only inside its calls, and MPICH's own asynchronous-progress thread spins a
   core). Two threads, two lanes (:class:`_Lanes`): groups on one host are served by a niced
   thread, since their progress is copying on the cores the compute uses; groups across hosts by
@@ -52,6 +56,7 @@ import torch
 
 from .. import config
 from ..errors import CommStateError, CommTimeoutError
+from .group import state
 
 __all__ = ["Work", "completed_work", "drive", "set_progress", "shutdown", "start", "unusable"]
 
@@ -162,9 +167,9 @@ class Work:
         self._error: BaseException | None = None
         self._steps = 0  # steps completed: the progress thread's measure of progress
         self._lock = threading.Lock()  # held by the thread advancing it
-        # the progress thread that serves it; None when issued with COMMLIB_PROGRESS=wait (a
-        # thread already running must leave it to wait, too)
-        self._lane = lane_of(group) if _PROGRESS.on else None
+        # the progress thread that serves it; None when issued with COMMLIB_PROGRESS=wait, or
+        # where auto chose none (a thread already running must leave it to wait, too)
+        self._lane = lane_of(group)
         try:
             self._handles = next(gen)  # post the first step now
         except StopIteration as done:
@@ -406,26 +411,70 @@ class _Lanes:
     (``Backend.progress_in_thread`` False) get neither."""
 
     def __init__(self):
-        self.on = config.get("progress") == "thread"
+        self.mode = config.get("progress")
         self.threads = {"local": _Progress("local", config.get("progress_nice")),
                         "remote": _Progress("remote", 0)}
 
     def stop(self) -> None:
         for thread in self.threads.values():
             thread.stop()
-        self.on = config.get("progress") == "thread"
+        self.mode = config.get("progress")
 
 
 _PROGRESS = _Lanes()
+PROGRESS_MODES = ("auto", "thread", "wait")
+
+
+def choose_lane(mode: str, spans_hosts: bool, ranks_on_host: int, cores: int) -> str | None:
+    """Which progress thread serves a group's asynchronous operations (pure: the facts in, the
+    lane out): ``"remote"`` for a group across hosts, ``"local"`` for one on a single host, or
+    None (they advance in ``wait()`` and the other commlib calls).
+
+    ``mode`` is ``COMMLIB_PROGRESS``: ``wait`` never uses a thread, ``thread`` always does, and
+    ``auto`` uses one where it can hide something. Across hosts it always can: the network
+    moves the data while the cores compute. On one host the progress is copying by the cores
+    themselves, so a thread hides it only if a core is free of compute: ``ranks_on_host`` (the
+    world's ranks on this host, each computing) below ``cores`` (this process's usable cores).
+    Without a free core the thread's copies take the compute's time and add switches and cache
+    misses (2-9% slower than waiting, measured in docs/overlap.md), and ``wait`` does the same
+    copies without that cost."""
+    if mode == "wait":
+        return None
+    if spans_hosts:
+        return "remote"
+    return "local" if mode == "thread" or ranks_on_host < cores else None
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _ranks_on_host(group) -> int:
+    """The world's ranks on this rank's host (all of them compute), else ``group``'s."""
+    for g in (state.world, group):
+        layout = getattr(getattr(g, "resources", None), "layout", None)
+        if layout is not None and g.rank >= 0:
+            return next(len(h) for h in layout.hosts if g.rank in h)
+    return group.size
 
 
 def lane_of(group) -> str | None:
-    """Which progress thread serves ``group``'s asynchronous operations: ``"local"``,
-    ``"remote"``, or None (its engine is driven from the caller's thread only)."""
-    if not group.backend.progress_in_thread:
+    """Which progress thread serves ``group``'s asynchronous operations now (:func:`choose_lane`
+    under the current mode), or None; always None for an engine driven from the caller's thread
+    only. The group's facts are read once and kept in its resources."""
+    if _PROGRESS.mode == "wait" or not group.backend.progress_in_thread:
         return None
-    layout = getattr(group.resources, "layout", None)
-    return "remote" if layout is not None and len(layout.hosts) > 1 else "local"
+    facts = group.resources.state.get("progress_facts") if group.resources else None
+    if facts is None:
+        layout = getattr(group.resources, "layout", None)
+        facts = (layout is not None and len(layout.hosts) > 1, _ranks_on_host(group),
+                 usable_cores())
+        if group.resources is not None:
+            group.resources.state["progress_facts"] = facts
+    return choose_lane(_PROGRESS.mode, *facts)
 
 
 def shutdown() -> None:
@@ -439,13 +488,13 @@ def shutdown() -> None:
 
 
 def set_progress(mode: str) -> str:
-    """Switch how asynchronous operations advance from now on: ``"thread"`` or ``"wait"`` (as
-    ``COMMLIB_PROGRESS``; bench/overlap.py compares the two in one run). Returns the previous
-    mode. Operations already pending keep going either way (``wait`` always completes them)."""
-    if mode not in ("thread", "wait"):
-        raise ValueError(f"set_progress: mode {mode!r}: expected 'thread' or 'wait'")
-    previous = "thread" if _PROGRESS.on else "wait"
-    _PROGRESS.on = mode == "thread"
+    """Switch how asynchronous operations advance from now on: ``"auto"``, ``"thread"`` or
+    ``"wait"`` (as ``COMMLIB_PROGRESS``; bench/overlap.py compares them in one run). Returns the
+    previous mode. Operations already pending keep going either way (``wait`` always completes
+    them)."""
+    if mode not in PROGRESS_MODES:
+        raise ValueError(f"set_progress: mode {mode!r}: expected one of {PROGRESS_MODES}")
+    previous, _PROGRESS.mode = _PROGRESS.mode, mode
     return previous
 
 

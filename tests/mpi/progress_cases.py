@@ -13,13 +13,14 @@ the waiting ranks finish before rank 0's compute ends and rank 0 finds the opera
 control) they finish only after. The ranks share one host, hence one monotonic clock.
 """
 
+import os
 import time
 
 import torch
 from _harness import main
 
 import commlib
-from commlib.runtime.progress import set_progress
+from commlib.runtime.progress import lane_of, set_progress
 
 # The computing rank's one-host progress thread is niced (19): while the other ranks wait by
 # polling on cores they outnumber, it gets ~1.5% of a core and each of its wake-ups may wait tens
@@ -107,6 +108,28 @@ def case_no_progress_without_the_thread():
         for algo in ("ring",) + (("shm_twoshot",) if "shm_twoshot" in algorithms() else ()):
             _, ended, waits = _race("all_reduce", algo)
             assert all(w >= ended for w in waits), (algo, ended, waits)
+    finally:
+        set_progress(previous)
+
+
+def case_auto_thread_only_where_a_core_is_free():
+    """COMMLIB_PROGRESS=auto (the default) on one host: the world's operations get the (local)
+    progress thread only when the host has more cores than ranks. Where it has not (2 to 4 ranks
+    on this 2-core machine), a multi-step all-reduce waits for rank 0's compute, as with wait;
+    where it has, it completes during it."""
+    n = commlib.get_world_size()
+    previous = set_progress("auto")
+    try:
+        free = n < len(os.sched_getaffinity(0))
+        lane = lane_of(commlib.get_world_group())
+        assert lane == ("local" if free else None), (lane, n, os.sched_getaffinity(0))
+        if n < 2:
+            return
+        completed, ended, waits = _race("all_reduce", "ring")
+        if free:
+            assert completed and all(w <= ended for w in waits), (ended, waits)
+        else:
+            assert all(w >= ended for w in waits), (ended, waits)
     finally:
         set_progress(previous)
 
