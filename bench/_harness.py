@@ -259,6 +259,17 @@ def rank0_out(rank: int) -> Callable[[str], None]:
     return out
 
 
+def write_json(path: str, doc: dict, args, out, skip=("json",)) -> None:
+    """Write a bench's result ``doc`` to ``path`` with what every bench records beside it: its
+    options (``args`` but ``skip``), the tuning file, and the commlib and torch versions."""
+    doc = {**doc, "options": {k: v for k, v in vars(args).items() if k not in skip},
+           "tuning_file": os.environ.get("COMMLIB_TUNING_FILE"),
+           "commlib": commlib.__version__, "torch": torch.__version__}
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+    out(f"# json written to {path}")
+
+
 def parse_size(text: str) -> int:
     from commlib.config import parse_bytes
 
@@ -826,11 +837,8 @@ def main(coll: Collective, argv: list[str] | None = None) -> int:
                else args.impl, "dtype": args.dtype_name, "redop": args.op_name, "root": b.root,
                "busbw_factor": coll.factor(size),
                "time": {0: "rank0", 1: "avg", 2: "min", 3: "max"}[args.average] + " over ranks",
-               "options": {k: v for k, v in vars(args).items() if k not in ("json", "plot")},
-               "commlib": commlib.__version__, "torch": torch.__version__, **result}
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
-        out(f"# json written to {args.json}")
+               **result}
+        write_json(args.json, doc, args, out, skip=("json", "plot"))
     if rank == 0 and args.plot:
         write_plot(args.plot, b, result, out)
     if b.dist is not None:

@@ -77,7 +77,6 @@ the options, the host layout, the meshes and auto's plan of every point.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
@@ -87,7 +86,7 @@ import torch
 from mpi4py import MPI
 
 import commlib
-from _harness import fmt_bytes, parse_size, rank0_out, timed_slowest
+from _harness import fmt_bytes, parse_size, rank0_out, timed_slowest, write_json
 from _quiet import quiet_for, quiet_summary, time_loop
 from commlib.nn.functional import traffic
 from commlib.reshard import Layout, Replicate, Shard, plan, reshard
@@ -450,14 +449,9 @@ def main() -> int:
     out(quiet_summary(COMM))
     out(f"# wrong results: {wrong} {'OK' if wrong == 0 else 'FAILED'}")
     if rank == 0 and args.json:
-        doc = {"bench": "reshard", "ranks": COMM.size, "hosts": hosts, "source_side": a,
-               "destination_side": b, "dtype": args.dtype, "link_gbit": args.link_gbit,
-               "options": {k: v for k, v in vars(args).items() if k != "json"},
-               "tuning_file": os.environ.get("COMMLIB_TUNING_FILE"),
-               "commlib": commlib.__version__, "torch": torch.__version__, "points": points}
-        with open(args.json, "w") as fh:
-            json.dump(doc, fh, indent=1)
-        out(f"# json written to {args.json}")
+        write_json(args.json, {"bench": "reshard", "ranks": COMM.size, "hosts": hosts,
+                               "source_side": a, "destination_side": b, "dtype": args.dtype,
+                               "link_gbit": args.link_gbit, "points": points}, args, out)
     commlib.finalize()
     return 1 if wrong or diff else 0
 

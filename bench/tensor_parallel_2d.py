@@ -73,7 +73,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import math
 import os
 import statistics
@@ -83,7 +82,7 @@ import torch
 from mpi4py import MPI
 
 import commlib
-from _harness import rank0_out, timed_slowest
+from _harness import rank0_out, timed_slowest, write_json
 from _quiet import quiet_for, quiet_summary
 from commlib.nn import ColumnParallelLinear, Linear2D, ParallelMLP, RowParallelLinear, tp_plan
 from commlib.nn.functional import split_2d, traffic
@@ -677,14 +676,9 @@ def main() -> int:
     out(quiet_summary(COMM))
     out(f"# wrong results: {wrong} {'OK' if wrong == 0 else 'FAILED'}")
     if rank == 0 and args.json:
-        doc = {"bench": "tensor_parallel_2d", "ranks": COMM.size, "hosts": sorted(set(hosts)),
-               "rank_hosts": hosts, "mesh_order": args.mesh_order,
-               "options": {k: v for k, v in vars(args).items() if k != "json"},
-               "tuning_file": os.environ.get("COMMLIB_TUNING_FILE"),
-               "commlib": commlib.__version__, "torch": torch.__version__, "parts": parts}
-        with open(args.json, "w") as fh:
-            json.dump(doc, fh, indent=1)
-        out(f"# json written to {args.json}")
+        write_json(args.json, {"bench": "tensor_parallel_2d", "ranks": COMM.size,
+                               "hosts": sorted(set(hosts)), "rank_hosts": hosts,
+                               "mesh_order": args.mesh_order, "parts": parts}, args, out)
     commlib.finalize()
     return 1 if wrong else 0
 

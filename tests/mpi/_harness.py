@@ -58,3 +58,28 @@ def main(namespace: dict, *modules) -> None:
         if rank == 0:
             print(f"ok {name} (world size {commlib.get_world_size()})", flush=True)
     commlib.barrier()
+
+
+def init_gloo() -> None:
+    """torch.distributed's gloo group over the job's ranks, for a case that compares with or runs
+    under it: torchrun's (commlib.init() made it) or, under mpiexec, one made here on a port
+    rank 0 picks and broadcasts with commlib."""
+    import os
+    import socket
+
+    import torch.distributed as dist
+
+    import commlib
+
+    if dist.is_initialized():
+        return
+    rank, p = commlib.get_rank(), commlib.get_world_size()
+    port = torch.zeros(1, dtype=torch.int64)
+    if rank == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port[0] = s.getsockname()[1]
+    commlib.broadcast(port, src=0)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{int(port)}", rank=rank,
+                            world_size=p)

@@ -14,15 +14,13 @@ tests/test_compress_training.py: commlib then runs on torch.distributed's gloo g
 from __future__ import annotations
 
 import os
-import socket
 import sys
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _harness import expect_error, main  # noqa: E402
+from _harness import expect_error, init_gloo, main  # noqa: E402
 from compress_cases import chunked_bound, data  # noqa: E402
 
 import commlib  # noqa: E402
@@ -439,23 +437,6 @@ def case_ddp_hook_buckets():
 STEPS, BATCH = 200, 32
 
 
-def _torch_dist() -> None:
-    """torch.distributed's gloo group for DDP: torchrun's (commlib.init() made it) or, under
-    mpiexec, one made here on a port rank 0 picks."""
-    if dist.is_initialized():
-        return
-    rank, p = world()
-    port = torch.zeros(1, dtype=torch.int64)
-    if rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port[0] = s.getsockname()[1]
-    commlib.broadcast(port, group_src=0)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{int(port)}", rank=rank,
-                            world_size=p)
-
-
 def _train(hook) -> tuple[float, float]:
     """A small MLP regressing a fixed random teacher plus noise, trained ``STEPS`` steps under
     DDP (each rank its slice of the step's global batch; SGD with momentum), from the same seed
@@ -495,7 +476,7 @@ def case_ddp_int8_error_feedback():
     (the codec forced: on one host "auto" would run the exact all-reduce) ends within 2% of the
     loss of DDP's own exact all-reduce, from the same seed and data; the hook ran every step."""
     rank, p = world()
-    _torch_dist()
+    init_gloo()  # DDP's process group
     before, exact = _train(None)
     state, hook = cc.ddp_hook("int8", error_feedback=True, algorithm="compressed")
     with traffic() as tr:

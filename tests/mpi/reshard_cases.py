@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 import os
 import random
-import socket
 import sys
 
 _LAYOUT = os.environ.get("RESHARD_TEST_HOSTS", "")
@@ -27,7 +26,7 @@ if _LAYOUT:
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _harness import expect_error, main  # noqa: E402
+from _harness import expect_error, init_gloo, main  # noqa: E402
 from _reshard import (chunk_piece, coords, flat, random_mesh, random_placements,  # noqa: E402
                       shape_of)
 
@@ -492,22 +491,6 @@ def case_debug_mismatch():
     check_out("after mismatch", out, full)
 
 
-def _init_gloo():
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        return
-    rank, n = world()
-    port = torch.zeros(1, dtype=torch.int64)
-    if rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port[0] = s.getsockname()[1]
-    commlib.broadcast(port, src=0)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(int(port)),
-                      GLOO_SOCKET_IFNAME="lo")
-    dist.init_process_group("gloo", rank=rank, world_size=n)
-
 
 def case_dtensor():
     """Where source and destination share one mesh over the world: DTensor.redistribute on gloo
@@ -522,7 +505,7 @@ def case_dtensor():
         if rank == 0:
             print(f"dtensor skipped: torch.distributed.tensor unavailable ({exc})", flush=True)
         return
-    _init_gloo()
+    init_gloo()
 
     def to_dt(p):
         return (DShard(p.dim) if isinstance(p, Shard) else
