@@ -30,7 +30,8 @@ from ..topology.gather import rank_locality
 
 __all__ = [
     "Group", "Mesh", "init", "finalize", "is_initialized", "get_rank", "get_world_size",
-    "new_group", "get_world_group", "resolve_group",
+    "new_group", "get_world_group", "resolve_group", "init_with", "member_group",
+    "detect_backend",
 ]
 
 log = logging.getLogger("commlib")
@@ -41,7 +42,9 @@ _MPI_ENV = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LO
             "MV2_COMM_WORLD_SIZE", "PMI_FD")
 
 
-def _detect_backend() -> str:
+def detect_backend() -> str:
+    """The engine :func:`init` uses when none is named: ``torch`` after torch.distributed's
+    initialization or under torchrun, ``mpi`` under an MPI launcher, else ``self``."""
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
         return "torch"
@@ -80,6 +83,32 @@ def init(backend: str | None = None, *, timeout: float | None = None, debug: boo
                 f"asked for {backend!r}. Fix: call commlib.finalize() first."
             )
         return _state.world
+    mode = _prepare("init", timeout, log_level, timeout_mode)
+    name = config.get("backend", backend)
+    source = "argument" if backend else ("COMMLIB_BACKEND" if name else "detected")
+    name = name or detect_backend()
+    cls = get_backend_class(name)
+    return _start(cls.create_world(), name, source, timeout, debug, mode)
+
+
+def init_with(world_backend: Backend, name: str, *, timeout: float | None = None,
+              debug: bool | None = None, log_level: str | None = None,
+              timeout_mode: str | None = None) -> Group:
+    """Initialize commlib on a world communicator the caller built (``name``: its engine), as
+    :func:`init` does on the one it detects: for layers that must build the world themselves
+    (:mod:`commlib.torch_backend` builds it over torch's store while torch creates its default
+    process group). Collective over the world."""
+    if _state.world is not None:
+        raise CommStateError(
+            f"commlib.init_with(): commlib is already initialized with backend "
+            f"{_state.backend_name!r}. Fix: call commlib.finalize() first."
+        )
+    mode = _prepare("init_with", timeout, log_level, timeout_mode)
+    return _start(world_backend, name, "caller", timeout, debug, mode)
+
+
+def _prepare(fn: str, timeout, log_level, timeout_mode) -> str:
+    """The checks and logging set-up before the world is built; returns the timeout mode."""
     config.check_environment()
     level = config.get("log", log_level)
     if not log.handlers:
@@ -88,19 +117,19 @@ def init(backend: str | None = None, *, timeout: float | None = None, debug: boo
         log.addHandler(handler)
     log.setLevel(level)
     if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
-        raise arg_error("init", "timeout", timeout, "must be a number of seconds >= 0",
+        raise arg_error(fn, "timeout", timeout, "must be a number of seconds >= 0",
                         "pass e.g. timeout=300, or 0 for no timeout")
-    name = config.get("backend", backend)
-    source = "argument" if backend else ("COMMLIB_BACKEND" if name else "detected")
-    name = name or _detect_backend()
-    cls = get_backend_class(name)
-    world_backend = cls.create_world()
-    timeout_s = config.get("timeout", timeout)
-    timeout_s = None if not timeout_s else float(timeout_s)
     mode = config.get("timeout_mode", timeout_mode)
     if mode not in ("abort", "raise"):
-        raise arg_error("init", "timeout_mode", mode, "must be 'abort' or 'raise'",
+        raise arg_error(fn, "timeout_mode", mode, "must be 'abort' or 'raise'",
                         "pass timeout_mode='raise' for catchable timeouts")
+    return mode
+
+
+def _start(world_backend: Backend, name: str, source: str, timeout, debug, mode: str) -> Group:
+    """Make ``world_backend`` commlib's world: its group, the abort hook and the watchdog."""
+    timeout_s = config.get("timeout", timeout)
+    timeout_s = None if not timeout_s else float(timeout_s)
     _state.timeout_mode = mode
     if world_backend.size > 1 and config.get("abort_on_exception"):
         # Before the world group is built: building it is collective (shared-memory segment, cost
@@ -241,6 +270,24 @@ def new_group(ranks: Sequence[int] | None = None, *, name: str | None = None,
     name = name or f"group{len(_state.groups)}{_short(ranks)}"
     made = Group(backend, ranks, name, parent.timeout if timeout is None else (timeout or None),
                  parent.debug)
+    _state.groups.append(made)
+    return made
+
+
+def member_group(ranks: Sequence[int], key: str, *, name: str | None = None) -> Group:
+    """A group of world ranks ``ranks`` (in that order) created by its members only: the other
+    ranks do not call. ``key`` names it, the same string on every member and different for groups
+    created at the same time. For layers whose groups are entered by their members only
+    (torch's ``new_group``, :mod:`commlib.torch_backend`); :func:`new_group` is collective over
+    the parent."""
+    world = get_world_group()
+    ranks = _check_ranks("member_group", ranks, world.size)
+    if world.rank not in ranks:
+        raise arg_error("member_group", "ranks", ranks, f"do not include this rank ({world.rank})",
+                        "call it on the members of the group only")
+    backend = world.backend.member_subgroup([world.group_rank(r) for r in ranks], key)
+    made = Group(backend, ranks, name or f"group{len(_state.groups)}{_short(ranks)}",
+                 world.timeout, world.debug)
     _state.groups.append(made)
     return made
 

@@ -67,6 +67,14 @@ class Backend:
         the order given), or None on ranks not in it."""
         raise NotImplementedError
 
+    def member_subgroup(self, ranks: Sequence[int], key: str) -> "Backend":
+        """Collective over the members of ``ranks`` only (ranks of ``self``, in order, this rank
+        among them; the other ranks do not call): their communicator. ``key`` names the group:
+        the same string on every member, different for groups being created at the same time.
+        torch's ``new_group`` enters only the members (:mod:`commlib.torch_backend`)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot create a group from its members "
+                                  f"only")
+
     def split_lines(self, lines: Sequence[Sequence[int]]) -> "Backend | None":
         """Collective over this communicator: ``lines`` partitions its ranks (every rank passes
         the same list); return the communicator of the line holding this rank."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import zlib
 from typing import Sequence
 
 import numpy as np
@@ -92,6 +93,17 @@ class MPIBackend(Backend):
         sub = self.comm.Split(color, key)
         if sub == MPI.COMM_NULL:
             return None
+        try:
+            return MPIBackend(sub)
+        finally:
+            sub.Free()
+
+    def member_subgroup(self, ranks, key):
+        incl = self.comm.Get_group().Incl(list(ranks))
+        try:  # MPI_Comm_create_group: collective over the new group's members only
+            sub = self.comm.Create_group(incl, zlib.crc32(key.encode()) % 32768)
+        finally:
+            incl.Free()
         try:
             return MPIBackend(sub)
         finally:

@@ -49,6 +49,9 @@ class SelfBackend(Backend):
     def new_subgroup(self, ranks):
         return SelfBackend() if 0 in ranks else None
 
+    def member_subgroup(self, ranks, key):
+        return SelfBackend()
+
     def global_ranks(self):
         return [0]
 

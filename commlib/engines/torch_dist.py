@@ -284,6 +284,28 @@ class TorchBackend(Backend):
         internal = _make_pg(kind, _store(ident + "/internal"), dist.get_rank(), size)
         return cls(world, internal, kind, range(size), ident)
 
+    @classmethod
+    def over_store(cls, store, rank: int, size: int) -> "TorchBackend":
+        """A world communicator of gloo process groups over ``store`` (a torch ``Store`` every rank
+        shares), for a world that is not torch's default process group: commlib's own process
+        group under torchrun (:mod:`commlib.torch_backend`), whose creation runs before torch has
+        a default group."""
+        global _generation
+        _generation += 1
+        ident = f"commlib/{_generation}"
+        group = _make_pg("gloo", dist.PrefixStore(ident + "/native/", store), rank, size)
+        internal = _make_pg("gloo", dist.PrefixStore(ident + "/internal/", store), rank, size)
+        return cls(group, internal, "gloo", range(size), ident)
+
+    def member_subgroup(self, ranks, key):
+        ranks = list(ranks)
+        ident = f"{self._id}/{key}"
+        rank, size = ranks.index(self.rank), len(ranks)
+        group = _make_pg(self.kind, _store(ident + "/native"), rank, size)
+        internal = _make_pg(self.kind, _store(ident + "/internal"), rank, size)
+        return TorchBackend(group, internal, self.kind, [self._world_ranks[r] for r in ranks],
+                            ident)
+
     def new_subgroup(self, ranks: Sequence[int]) -> "TorchBackend | None":
         ranks = list(ranks)
         self._children += 1

@@ -47,7 +47,9 @@ latency of every small collective.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
+import queue
 import threading
 import time
 from typing import Generator
@@ -60,6 +62,7 @@ from .group import state
 
 __all__ = ["Work", "completed_work", "drive", "set_progress", "shutdown", "start", "unusable"]
 
+log = logging.getLogger("commlib")
 _yield = os.sched_yield if hasattr(os, "sched_yield") else (lambda: time.sleep(0))
 _clock = time.monotonic
 
@@ -153,7 +156,7 @@ class Work:
     """Handle of an operation, as returned with ``async_op=True`` (torch.distributed's ``Work``)."""
 
     __slots__ = ("_gen", "_fin", "_keep", "_handles", "_group", "_what", "_seq", "_done",
-                 "_result", "_timeout", "_lock", "_error", "_steps", "_lane")
+                 "_result", "_timeout", "_lock", "_error", "_steps", "_lane", "_callbacks")
 
     def __init__(self, gen: Generator, finish, keep, group, what: str, seq: int,
                  timeout: float | None):
@@ -170,6 +173,7 @@ class Work:
         # the progress thread that serves it; None when issued with COMMLIB_PROGRESS=wait, or
         # where auto chose none (a thread already running must leave it to wait, too)
         self._lane = lane_of(group)
+        self._callbacks: list | None = None
         try:
             self._handles = next(gen)  # post the first step now
         except StopIteration as done:
@@ -185,6 +189,26 @@ class Work:
             _PENDING.remove(self)
         except ValueError:
             pass
+        if self._callbacks:
+            _CALLBACKS.run(self, self._callbacks)
+            self._callbacks = None
+
+    def add_done_callback(self, fn) -> None:
+        """Call ``fn(work)`` once the operation has finished (completed or failed), on commlib's
+        callback thread, never while commlib holds its locks (so ``fn`` may call commlib); at once
+        if it has finished already. The operation is then served by a progress thread whatever
+        ``COMMLIB_PROGRESS`` says: a callback has no caller whose ``wait()`` would drive it
+        (torch futures, :mod:`commlib.torch_backend`)."""
+        with self._lock:
+            if not self._done:
+                if self._callbacks is None:
+                    self._callbacks = []
+                self._callbacks.append(fn)
+                if self._lane is None:
+                    self._lane = _forced_lane(self._group)
+                _PROGRESS.threads[self._lane].kick()
+                return
+        _CALLBACKS.run(self, [fn])
 
     def _poll(self) -> bool:
         """Advance as far as possible without blocking; True when done. The caller holds the
@@ -270,7 +294,8 @@ class _Completed(Work):
 
     def __init__(self, result=None):
         self._done, self._result, self._handles, self._fin, self._keep = True, result, None, None, None
-        self._error, self._lane = None, None
+        self._error, self._lane, self._callbacks = None, None, None
+        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return "<commlib.Work (completed)>"
@@ -322,6 +347,37 @@ def start(gen: Generator, finish, keep, group, what: str, seq: int, async_op: bo
         _ABANDONED.append(keep)
         raise
     return finish() if finish is not None else value
+
+
+class _Callbacks:
+    """The thread that runs ``Work`` done-callbacks, in completion order, outside commlib's locks
+    (a callback that issues another operation must not find the progress lock held by its own
+    thread)."""
+
+    def __init__(self):
+        self._queue = None
+        self._lock = threading.Lock()
+
+    def run(self, work: Work, fns: list) -> None:
+        with self._lock:
+            if self._queue is None:
+                self._queue = queue.SimpleQueue()
+                threading.Thread(target=self._loop, args=(self._queue,), name="commlib-callbacks",
+                                 daemon=True).start()
+        for fn in fns:
+            self._queue.put((fn, work))
+
+    @staticmethod
+    def _loop(q) -> None:
+        while True:
+            fn, work = q.get()
+            try:
+                fn(work)
+            except BaseException:  # noqa: BLE001 - a callback's failure is its caller's to report
+                log.exception("commlib: a done-callback of %r raised", work)
+
+
+_CALLBACKS = _Callbacks()
 
 
 def _idle(work: Work, seconds: float) -> None:
@@ -475,6 +531,13 @@ def lane_of(group) -> str | None:
         if group.resources is not None:
             group.resources.state["progress_facts"] = facts
     return choose_lane(_PROGRESS.mode, *facts)
+
+
+def _forced_lane(group) -> str:
+    """The lane of an operation that must progress without a caller's ``wait()`` (a done-callback):
+    :func:`lane_of`'s under ``thread``."""
+    layout = getattr(group.resources, "layout", None)
+    return choose_lane("thread", layout is not None and len(layout.hosts) > 1, 0, 1)
 
 
 def shutdown() -> None:

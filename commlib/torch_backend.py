@@ -1,0 +1,332 @@
+"""commlib as a torch.distributed backend: ``torch.distributed.init_process_group("commlib")``.
+
+Importing commlib registers the backend name ``"commlib"`` for CPU tensors, so code that never
+calls commlib itself (DistributedDataParallel, FSDP, DTensor, ``torch.distributed``'s collectives)
+runs on commlib's selection: shared memory on one host, hierarchical algorithms across hosts, the
+engine's own collectives elsewhere. For CUDA tensors name a second backend per device, torch's own
+mechanism: ``init_process_group("cpu:commlib,cuda:nccl")``.
+
+The world: under ``mpirun``/``mpiexec`` commlib's world is MPI's (call ``commlib.init()`` first,
+which also gives torch the ``RANK``/``MASTER_ADDR`` variables its rendezvous needs, or let
+``commlib.init_process_group`` do both); under ``torchrun`` (``env://``) it is built over the store
+torch hands the backend. If commlib is initialized already, its world is used, and must have the
+process group's size and rank. Groups from ``new_group``, ``split_group`` and ``DeviceMesh`` are
+commlib groups created by their members (:func:`commlib.api.groups.member_group`).
+
+Every operation runs as commlib's asynchronous operation and returns a torch ``Work`` over it:
+``wait()`` drives it (commlib's ``Work.wait``, its timeout and typed errors), and its future
+(``get_future()``, what DDP's reducer and comm hooks use) completes on its own: the operation
+is then served by commlib's progress thread (``Work.add_done_callback``), so DDP's bucket
+all-reduces progress during the backward pass.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from .api import collectives as _c
+from .api import p2p as _p2p
+from .api.groups import (
+    detect_backend,
+    get_world_group,
+    init,
+    init_with,
+    is_initialized,
+    member_group,
+)
+from .engines.torch_dist import TorchBackend
+from .errors import CommArgumentError, CommStateError, CommUnsupportedError
+
+__all__ = ["BACKEND", "ProcessGroupCommlib", "mpi_environment"]
+
+BACKEND = "commlib"
+
+
+class _Work(dist._Work):
+    """torch's ``Work`` over commlib ``Work``s that complete together; its value (``result()``,
+    the future's value) is the list of output tensors, as gloo's."""
+
+    def __init__(self, works, result: list):
+        super().__init__()
+        self._works, self._result = works, result
+        self._future = None
+
+    def is_completed(self) -> bool:
+        return all(w.is_completed() for w in self._works)
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self.exception() is None
+
+    def exception(self):
+        return next((w.exception() for w in self._works if w.exception() is not None), None)
+
+    def wait(self, timeout=timedelta(0)) -> bool:
+        # torch's default timeout (zero) means the group's: commlib's COMMLIB_TIMEOUT
+        limit = None if not timeout or timeout == timedelta(0) else timeout
+        for w in self._works:
+            w.wait(limit)
+        return True
+
+    def result(self) -> list:
+        self.wait()
+        return self._result
+
+    def get_future(self) -> torch.futures.Future:
+        if self._future is None:
+            future = self._future = torch.futures.Future()
+            left = [len(self._works)]
+            if not self._works:
+                future.set_result(self._result)
+
+            def done(work):
+                if future.done():
+                    return
+                if work.exception() is not None:
+                    future.set_exception(work.exception())
+                    return
+                left[0] -= 1
+                if left[0] == 0:
+                    future.set_result(self._result)
+
+            for w in self._works:
+                w.add_done_callback(done)
+        return self._future
+
+
+def _op(opts):
+    return opts.reduceOp
+
+
+def _unsupported(what: str, fix: str):
+    raise CommUnsupportedError(f"commlib process group: {what} is not supported. Fix: {fix}.")
+
+
+class ProcessGroupCommlib(dist.ProcessGroup):
+    """A torch ``ProcessGroup`` whose operations are commlib's, on the commlib ``Group``
+    ``group`` (its ranks in the process group's order)."""
+
+    def __init__(self, group, rank: int, size: int):
+        super().__init__(rank, size)
+        self.group = group
+
+    def getBackendName(self) -> str:
+        return BACKEND
+
+    @property
+    def _g(self):
+        return self.group
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupCommlib(rank {self.rank()} of {self.size()}, {self.group.name!r})"
+
+    # ----- collectives ---------------------------------------------------------------------
+    def allreduce(self, tensors, opts=None):
+        op = _op(opts) if opts is not None else dist.ReduceOp.SUM
+        return _Work([_c.all_reduce(t, op, group=self._g, async_op=True) for t in tensors],
+                     tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self.allreduce(tensors, opts)
+
+    def broadcast(self, tensors, opts):
+        return _Work([_c.broadcast(t, group=self._g, async_op=True, group_src=opts.rootRank)
+                      for t in tensors], tensors)
+
+    def reduce(self, tensors, opts):
+        return _Work([_c.reduce(t, op=opts.reduceOp, group=self._g, async_op=True,
+                                group_dst=opts.rootRank) for t in tensors], tensors)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        works = [_c.all_gather(out, inp, group=self._g, async_op=True)
+                 for out, inp in zip(output_tensors, input_tensors)]
+        return _Work(works, output_tensors)
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        return self.allgather(output_lists, input_list, opts)
+
+    def all_gather_single(self, output, input, opts=None):
+        return _Work([_c.all_gather_into_tensor(output, input, group=self._g, async_op=True)],
+                     [output])
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        works = [_c.all_gather_into_tensor(o, i, group=self._g, async_op=True)
+                 for o, i in zip(outputs, inputs)]
+        return _Work(works, outputs)
+
+    def reduce_scatter(self, output_tensors, input_lists, opts):
+        works = []
+        for out, inputs in zip(output_tensors, input_lists):
+            if any(t.shape != out.shape or t.dtype != out.dtype for t in inputs):
+                raise CommArgumentError(
+                    "commlib process group: reduce_scatter: every tensor of the input list must "
+                    f"have the output's shape {tuple(out.shape)} and dtype {out.dtype}. Fix: pass "
+                    "equal blocks, or use reduce_scatter_tensor on one tensor.")
+            works.append(_c.reduce_scatter_tensor(out, torch.cat([t.reshape(-1) for t in inputs]),
+                                                  opts.reduceOp, group=self._g, async_op=True))
+        return _Work(works, output_tensors)
+
+    def reduce_scatter_single(self, output, input, opts):
+        return _Work([_c.reduce_scatter_tensor(output, input, opts.reduceOp, group=self._g,
+                                               async_op=True)], [output])
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
+        works = [_c.reduce_scatter_tensor(o, i, opts.reduceOp, group=self._g, async_op=True)
+                 for o, i in zip(outputs, inputs)]
+        return _Work(works, outputs)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes,
+                          opts=None):
+        work = _c.all_to_all_single(output, input, list(output_split_sizes) or None,
+                                    list(input_split_sizes) or None, group=self._g,
+                                    async_op=True)
+        return _Work([work], [output])
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        flat_in = torch.cat([t.reshape(-1) for t in input_tensors])
+        out_sizes = [t.numel() for t in output_tensors]
+        flat_out = torch.empty(sum(out_sizes), dtype=flat_in.dtype, device=flat_in.device)
+        work = _c.all_to_all_single(flat_out, flat_in, out_sizes,
+                                    [t.numel() for t in input_tensors], group=self._g,
+                                    async_op=True)
+        work.wait()
+        for t, part in zip(output_tensors, flat_out.split(out_sizes)):
+            t.copy_(part.view(t.shape))
+        return _Work([work], output_tensors)
+
+    def gather(self, output_lists, input_tensors, opts):
+        # every rank sends its n elements to the root, which receives n from each
+        root, me, size = opts.rootRank, self.rank(), self.size()
+        inp = input_tensors[0]
+        n = inp.numel()
+        recv = torch.empty(n * size if me == root else 0, dtype=inp.dtype, device=inp.device)
+        work = _c.all_to_all_single(recv, inp.reshape(-1), [n if me == root else 0] * size,
+                                    [n if r == root else 0 for r in range(size)],
+                                    group=self._g, async_op=True)
+        work.wait()
+        if me == root:
+            for t, part in zip(output_lists[0], recv.split(n)):
+                t.copy_(part.view(t.shape))
+        return _Work([work], output_lists)
+
+    def scatter(self, output_tensors, input_lists, opts):
+        root, me = opts.rootRank, self.rank()
+        out = output_tensors[0]
+        n, size = out.numel(), self.size()
+        send = (torch.cat([t.reshape(-1) for t in input_lists[0]]) if me == root
+                else torch.empty(0, dtype=out.dtype, device=out.device))
+        recv = torch.empty(n, dtype=out.dtype, device=out.device)
+        work = _c.all_to_all_single(recv, send, [n if r == root else 0 for r in range(size)],
+                                    [n if me == root else 0] * size, group=self._g,
+                                    async_op=True)
+        work.wait()
+        out.copy_(recv.view(out.shape))
+        return _Work([work], output_tensors)
+
+    def barrier(self, opts=None):
+        return _Work([_c.barrier(group=self._g, async_op=True)], [])
+
+    # ----- point-to-point ------------------------------------------------------------------
+    def send(self, tensors, dst: int, tag: int):
+        return _Work([_p2p.isend(t, group=self._g, tag=tag, group_dst=dst) for t in tensors],
+                     tensors)
+
+    def recv(self, tensors, src: int, tag: int):
+        return _Work([_p2p.irecv(t, group=self._g, tag=tag, group_src=src) for t in tensors],
+                     tensors)
+
+    def recv_anysource(self, tensors, tag: int):
+        works = [_p2p.irecv(t, group=self._g, tag=tag) for t in tensors]
+        return _AnySourceWork(works, tensors, self._g)
+
+    # ----- life ----------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+
+class _AnySourceWork(_Work):
+    def __init__(self, works, result, group):
+        super().__init__(works, result)
+        self._group = group
+
+    def _source_rank(self) -> int:
+        return self._group.group_rank(self._works[0].result())
+
+    source_rank = _source_rank
+
+
+# ----- creation ---------------------------------------------------------------------------
+def _world(store, rank: int, size: int):
+    """commlib's world for torch's default process group (``rank`` of ``size``)."""
+    if not is_initialized():
+        if detect_backend() == "mpi":
+            init("mpi")
+        else:
+            init_with(TorchBackend.over_store(store, rank, size), "torch")
+    world = get_world_group()
+    if (world.size, world.rank) != (size, rank):
+        raise CommStateError(
+            f"init_process_group('commlib'): torch's world is rank {rank} of {size}, commlib's is "
+            f"rank {world.rank} of {world.size}. Fix: launch with one launcher (under mpirun, "
+            f"let commlib.init() set RANK and WORLD_SIZE), or call commlib.finalize() before."
+        )
+    return world
+
+
+def _create(options, pg_options):
+    ranks = list(options.global_ranks_in_group)
+    if not ranks:
+        group = _world(options.store, options.group_rank, options.group_size)
+    else:
+        group = member_group(ranks, f"torch/{options.group_id}")
+    return ProcessGroupCommlib(group, options.group_rank, options.group_size)
+
+
+def mpi_environment() -> dict:
+    """Under an MPI launcher, with commlib initialized on MPI: the variables torch's ``env://``
+    rendezvous reads (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
+    ``MASTER_ADDR``, ``MASTER_PORT``: rank 0's address and a free port on it, broadcast), set
+    where missing; returns them. Collective over the world."""
+    world = get_world_group()
+    port = torch.zeros(1, dtype=torch.int64)
+    addr = torch.zeros(256, dtype=torch.uint8)
+    if world.rank == 0:
+        name = os.environ.get("MASTER_ADDR") or socket.gethostbyname(socket.gethostname())
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port[0] = int(os.environ.get("MASTER_PORT") or s.getsockname()[1])
+        addr[:len(name)] = torch.tensor(list(name.encode()), dtype=torch.uint8)
+    _c.broadcast(port, group_src=0)
+    _c.broadcast(addr, group_src=0)
+    layout = world.resources.layout
+    host = next((h for h in layout.hosts if world.rank in h), [world.rank]) if layout else [0]
+    values = {
+        "RANK": str(world.rank), "WORLD_SIZE": str(world.size),
+        "LOCAL_RANK": str(list(host).index(world.rank)), "LOCAL_WORLD_SIZE": str(len(host)),
+        "MASTER_ADDR": bytes(addr[addr != 0].tolist()).decode(), "MASTER_PORT": str(int(port)),
+    }
+    for k, v in values.items():
+        os.environ.setdefault(k, v)
+    return {k: os.environ[k] for k in values}
+
+
+def register() -> None:
+    """Register ``"commlib"`` with torch.distributed (done when commlib is imported)."""
+    if BACKEND not in dist.Backend.backend_list:
+        dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
+
+
+register()
