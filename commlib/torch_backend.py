@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from datetime import timedelta
 
 import torch
@@ -41,8 +42,10 @@ from .api.groups import (
 )
 from .engines.torch_dist import TorchBackend
 from .errors import CommArgumentError, CommStateError, CommUnsupportedError
+from .runtime.group import state as _state
+from .tuning import bucket_sizes
 
-__all__ = ["BACKEND", "ProcessGroupCommlib", "mpi_environment"]
+__all__ = ["BACKEND", "ProcessGroupCommlib", "mpi_environment", "ddp_bucket_mb"]
 
 BACKEND = "commlib"
 
@@ -87,7 +90,7 @@ class _Work(dist._Work):
                 if future.done():
                     return
                 if work.exception() is not None:
-                    future.set_exception(work.exception())
+                    _fail(work, future)
                     return
                 left[0] -= 1
                 if left[0] == 0:
@@ -96,6 +99,23 @@ class _Work(dist._Work):
             for w in self._works:
                 w.add_done_callback(done)
         return self._future
+
+
+def _fail(work, future) -> None:
+    """A future's operation failed. Under ``timeout_mode="raise"`` the future raises commlib's
+    typed error. Under ``"abort"`` (the default) the process ends with that error printed, as a
+    blocking collective's timeout ends the job: torch's C++ consumers of futures (DDP's reducer)
+    cannot take an exception raised in Python (measured: the waiting process crashed), and a
+    future nobody completes would leave the rank waiting for ever."""
+    exc = work.exception()
+    if _state.timeout_mode == "raise":
+        future.set_exception(exc)
+        return
+    sys.stderr.write(f"commlib: {type(exc).__name__}: {exc}\ncommlib: the operation of a torch "
+                     f"future failed; ending this process (timeout_mode 'abort'; set "
+                     f"COMMLIB_TIMEOUT_MODE=raise for the future to raise instead)\n")
+    sys.stderr.flush()
+    work._group.backend.abort(1)
 
 
 def _op(opts):
@@ -113,9 +133,26 @@ class ProcessGroupCommlib(dist.ProcessGroup):
     def __init__(self, group, rank: int, size: int):
         super().__init__(rank, size)
         self.group = group
+        self._group_name = self._group_desc = ""
 
     def getBackendName(self) -> str:
         return BACKEND
+
+    # torch keeps a group's name and description in its C++ backends, which a Python process
+    # group has none of (DeviceMesh reads group_name): kept here.
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+
+    @property
+    def group_name(self) -> str:
+        return self._group_name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    @property
+    def group_desc(self) -> str:
+        return self._group_desc
 
     @property
     def _g(self):
@@ -266,6 +303,23 @@ class _AnySourceWork(_Work):
         return self._group.group_rank(self._works[0].result())
 
     source_rank = _source_rank
+
+
+# ----- data parallelism -------------------------------------------------------------------
+def ddp_bucket_mb(model: torch.nn.Module, process_group=None) -> float:
+    """The ``bucket_cap_mb`` to give ``DistributedDataParallel(model, process_group=...)`` on the
+    commlib backend: the smallest all-reduce at 90% of the group's bandwidth in its cost model
+    (:func:`commlib.tuning.bucket_sizes`, which also says why), at most half the gradients.
+    Local: no communication. ``bucket_sizes(...)[1]`` is the first bucket it would choose."""
+    pg = process_group if process_group is not None else dist.group.WORLD
+    if not isinstance(pg, ProcessGroupCommlib):
+        raise CommArgumentError(
+            f"ddp_bucket_mb: process_group {pg!r} is not a commlib process group. Fix: "
+            f"init_process_group('commlib'), or pass a group made by new_group on it.")
+    grads = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    dtype = next((p.dtype for p in model.parameters() if p.requires_grad), torch.float32)
+    bucket, _, _ = bucket_sizes(pg.group, grads, dtype)
+    return bucket / (1 << 20)
 
 
 # ----- creation ---------------------------------------------------------------------------

@@ -156,7 +156,8 @@ class Work:
     """Handle of an operation, as returned with ``async_op=True`` (torch.distributed's ``Work``)."""
 
     __slots__ = ("_gen", "_fin", "_keep", "_handles", "_group", "_what", "_seq", "_done",
-                 "_result", "_timeout", "_lock", "_error", "_steps", "_lane", "_callbacks")
+                 "_result", "_timeout", "_lock", "_error", "_steps", "_lane", "_callbacks",
+                 "_deadline")
 
     def __init__(self, gen: Generator, finish, keep, group, what: str, seq: int,
                  timeout: float | None):
@@ -174,6 +175,7 @@ class Work:
         # where auto chose none (a thread already running must leave it to wait, too)
         self._lane = lane_of(group)
         self._callbacks: list | None = None
+        self._deadline: float | None = None  # of a work only a callback waits for
         try:
             self._handles = next(gen)  # post the first step now
         except StopIteration as done:
@@ -198,11 +200,14 @@ class Work:
         callback thread, never while commlib holds its locks (so ``fn`` may call commlib); at once
         if it has finished already. The operation is then served by a progress thread whatever
         ``COMMLIB_PROGRESS`` says: a callback has no caller whose ``wait()`` would drive it
-        (torch futures, :mod:`commlib.torch_backend`)."""
+        (torch futures, :mod:`commlib.torch_backend`); and the progress thread enforces the
+        group's timeout, counted from here: the operation fails with ``CommTimeoutError``."""
         with self._lock:
             if not self._done:
                 if self._callbacks is None:
                     self._callbacks = []
+                    if self._timeout is not None:
+                        self._deadline = _clock() + self._timeout
                 self._callbacks.append(fn)
                 if self._lane is None:
                     self._lane = _forced_lane(self._group)
@@ -227,6 +232,23 @@ class Work:
             self._finish(None, failed=True)
             raise
         return self._done
+
+    def _expire_if_late(self, now: float) -> None:
+        """Fail with ``CommTimeoutError`` if only callbacks wait for it and its deadline passed
+        (the progress thread's check; a caller's ``wait()`` has its own)."""
+        if self._deadline is None or now <= self._deadline or self._done:
+            return
+        if not self._lock.acquire(False):
+            return
+        try:
+            if not self._done:
+                try:
+                    _expire(self._group, self._what, self._seq, self._timeout)
+                except CommTimeoutError as exc:
+                    self._error = exc
+                    self._finish(None, failed=True)
+        finally:
+            self._lock.release()
 
     def _advance(self) -> None:
         """Advance if no other thread is doing so; a failure stays in the Work for ``wait``."""
@@ -294,7 +316,7 @@ class _Completed(Work):
 
     def __init__(self, result=None):
         self._done, self._result, self._handles, self._fin, self._keep = True, result, None, None, None
-        self._error, self._lane, self._callbacks = None, None, None
+        self._error, self._lane, self._callbacks, self._deadline = None, None, None, None
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -445,6 +467,9 @@ class _Progress:
             if progressed:
                 interval = lo
                 continue
+            now = _clock()
+            for w in pending:
+                w._expire_if_late(now)
             _idle(pending[0], interval)
             interval = min(2 * interval, hi)
 

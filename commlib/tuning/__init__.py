@@ -28,7 +28,8 @@ from ..errors import arg_error
 from ..ops import accumulation_dtype
 from .selector import Explanation, GroupModel, explain_group, ineligible, predictions
 
-__all__ = ["select", "explain_call", "clear_cache", "widening", "Explanation", "GroupModel"]
+__all__ = ["select", "explain_call", "clear_cache", "widening", "Explanation", "GroupModel",
+           "bucket_sizes"]
 
 log = logging.getLogger("commlib")
 
@@ -127,3 +128,29 @@ def clear_cache() -> None:
     global _epoch
     _epoch += 1
 
+
+
+def bucket_sizes(group, grad_bytes: int, dtype=torch.float32) -> tuple[int, int, str]:
+    """Gradient bucket sizes for data parallelism on ``group`` from its cost model: ``(bucket,
+    first, why)`` in bytes. ``bucket`` is the smallest all-reduce that reaches 90% of the group's
+    bandwidth (the chosen algorithm's predicted bytes per second, against its best from 64 KiB
+    to 256 MiB): past it a bigger bucket gains nothing and starts later. ``first`` reaches 50%:
+    the last layers' gradients, ready first, leave at once. At most half the gradients, so there
+    are at least two buckets to overlap. Local: no communication."""
+    sizes = [1 << k for k in range(16, 29)]
+    rates = []
+    for n in sizes:
+        table = explain_call("all_reduce", n, group, dtype)
+        row = next((r for r in table.rows if r.algorithm == table.chosen), None)
+        if row is None or row.seconds <= 0:
+            return 25 << 20, 1 << 20, "no cost model for this group: DDP's defaults (25 MB, 1 MB)"
+        rates.append(n / row.seconds)
+    best = max(rates)
+    bucket = next(n for n, r in zip(sizes, rates) if r >= 0.9 * best)
+    first = next(n for n, r in zip(sizes, rates) if r >= 0.5 * best)
+    cap = max(grad_bytes // 2, 1 << 16)
+    why = (f"all_reduce reaches 90% of its best rate ({best / 1e9:.2f} GB/s) at {bucket >> 10} KiB "
+           f"and 50% at {first >> 10} KiB on this group")
+    if bucket > cap:
+        why += f"; capped at half the gradients ({cap >> 10} KiB) for two buckets at least"
+    return min(bucket, cap), min(first, cap), why

@@ -1,0 +1,79 @@
+"""commlib as a torch.distributed backend: ``init_process_group("commlib")``, then torch's own
+collectives, DDP, FSDP2 and DTensor, on real processes (torchrun-style env:// and mpiexec).
+
+The cases are in tests/torch_dist/pg_cases.py; their references are computed there from the seeds,
+by gloo in the same job, or by one process (see each case).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, mpiexec_path, run_mpi, torchrun_env
+from test_torch_backend import run_torch
+
+PG_CASES = ROOT / "tests" / "torch_dist" / "pg_cases.py"
+CASES = ["case_backend_is_commlib", "case_collectives", "case_async_and_futures",
+         "case_point_to_point", "case_groups_and_device_mesh", "case_ddp_matches_gloo",
+         "case_fsdp2_matches_dense", "case_dtensor_redistribute"]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_torch_clients_on_commlib_backend(n):
+    """torchrun-style launch: every case at world sizes 1-4."""
+    out = run_torch(n, CASES, script=PG_CASES)
+    for case in CASES:
+        assert f"ok {case} (world size {n})" in out, out
+
+
+@pytest.mark.skipif(mpiexec_path() is None, reason="no mpiexec (pip install mpich)")
+def test_torch_clients_on_commlib_backend_under_mpiexec():
+    """mpiexec launch: commlib's world is MPI's; torch's rendezvous variables come from it."""
+    out = run_mpi(3, str(PG_CASES), *CASES).stdout
+    for case in CASES:
+        assert f"ok {case} (world size 3)" in out, out
+
+
+def _launch(n: int, case: str, timeout: float, **env):
+    """Start ``case`` on ``n`` torchrun-style ranks; return each rank's (exit code, seconds from
+    start to exit, stderr), killing what is still alive after ``timeout``."""
+    start = time.monotonic()
+    procs = [subprocess.Popen([sys.executable, str(PG_CASES), case], cwd=ROOT, env=e, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for e in torchrun_env(n, **env)]
+    ended = [None] * n
+    while any(e is None for e in ended) and time.monotonic() - start < timeout:
+        for i, p in enumerate(procs):
+            if ended[i] is None and p.poll() is not None:
+                ended[i] = time.monotonic() - start
+        time.sleep(0.05)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    return [(p.wait(), ended[i], p.communicate()[1]) for i, p in enumerate(procs)]
+
+
+def test_rank_failing_in_backward_ends_every_rank():
+    """A rank raising inside DDP's backward: every other rank ends with commlib's typed error
+    (the future of its all-reduce fails), not a hang and not a crash."""
+    results = _launch(2, "case_rank_raises_in_backward", 60, COMMLIB_TIMEOUT="10")
+    code, seconds, err = results[0]
+    assert seconds is not None, "rank 0 did not end"
+    assert code == 1, (code, err[-2000:])
+    assert "commlib: CommBackendError" in err or "commlib: CommTimeoutError" in err, err[-2000:]
+    assert "injected failure in backward" in results[1][2]
+
+
+def test_uneven_inputs_end_with_a_timeout():
+    """DDP without join(), rank 0 one step more: its unmatched all-reduce fails with
+    CommTimeoutError within the timeout (10 s) plus 5 s, while rank 1 is still alive."""
+    results = _launch(2, "case_uneven_inputs", 45, COMMLIB_TIMEOUT="10")
+    code, seconds, err = results[0]
+    assert seconds is not None and code == 1, (code, seconds, err[-2000:])
+    assert "commlib: CommTimeoutError" in err, err[-2000:]
+    assert seconds < 10 + 5 + 10, seconds  # + start-up and the three matched steps
+    assert results[1][1] is None or results[1][1] > seconds  # rank 1 outlived it
