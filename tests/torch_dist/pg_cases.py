@@ -288,7 +288,7 @@ def case_uneven_inputs():
 
     r, n = world()
     model = DDP(_model(), bucket_cap_mb=0.005)
-    for step in range(3 + (r == 0)):
+    for _ in range(3 + (r == 0)):
         model(torch.randn(8, 16)).sum().backward()
     if r != 0:
         time.sleep(60)  # alive, as a rank that went on to other work would be
