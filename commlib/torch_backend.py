@@ -167,9 +167,6 @@ class ProcessGroupCommlib(dist.ProcessGroup):
         return _Work([_c.all_reduce(t, op, group=self._g, async_op=True) for t in tensors],
                      tensors)
 
-    def allreduce_coalesced(self, tensors, opts=None):
-        return self.allreduce(tensors, opts)
-
     def broadcast(self, tensors, opts):
         return _Work([_c.broadcast(t, group=self._g, async_op=True, group_src=opts.rootRank)
                       for t in tensors], tensors)
@@ -198,15 +195,8 @@ class ProcessGroupCommlib(dist.ProcessGroup):
         return _Work(works, outputs)
 
     def reduce_scatter(self, output_tensors, input_lists, opts):
-        works = []
-        for out, inputs in zip(output_tensors, input_lists):
-            if any(t.shape != out.shape or t.dtype != out.dtype for t in inputs):
-                raise CommArgumentError(
-                    "commlib process group: reduce_scatter: every tensor of the input list must "
-                    f"have the output's shape {tuple(out.shape)} and dtype {out.dtype}. Fix: pass "
-                    "equal blocks, or use reduce_scatter_tensor on one tensor.")
-            works.append(_c.reduce_scatter_tensor(out, torch.cat([t.reshape(-1) for t in inputs]),
-                                                  opts.reduceOp, group=self._g, async_op=True))
+        works = [_c.reduce_scatter(out, inputs, opts.reduceOp, group=self._g, async_op=True)
+                 for out, inputs in zip(output_tensors, input_lists)]
         return _Work(works, output_tensors)
 
     def reduce_scatter_single(self, output, input, opts):
@@ -230,45 +220,23 @@ class ProcessGroupCommlib(dist.ProcessGroup):
     alltoall_base = all_to_all_single
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
-        flat_in = torch.cat([t.reshape(-1) for t in input_tensors])
-        out_sizes = [t.numel() for t in output_tensors]
-        flat_out = torch.empty(sum(out_sizes), dtype=flat_in.dtype, device=flat_in.device)
-        work = _c.all_to_all_single(flat_out, flat_in, out_sizes,
-                                    [t.numel() for t in input_tensors], group=self._g,
-                                    async_op=True)
-        work.wait()
-        for t, part in zip(output_tensors, flat_out.split(out_sizes)):
-            t.copy_(part.view(t.shape))
-        return _Work([work], output_tensors)
+        return _Work([_c.all_to_all(output_tensors, input_tensors, group=self._g, async_op=True)],
+                     output_tensors)
 
     def gather(self, output_lists, input_tensors, opts):
-        # every rank sends its n elements to the root, which receives n from each
-        root, me, size = opts.rootRank, self.rank(), self.size()
-        inp = input_tensors[0]
-        n = inp.numel()
-        recv = torch.empty(n * size if me == root else 0, dtype=inp.dtype, device=inp.device)
-        work = _c.all_to_all_single(recv, inp.reshape(-1), [n if me == root else 0] * size,
-                                    [n if r == root else 0 for r in range(size)],
-                                    group=self._g, async_op=True)
-        work.wait()
-        if me == root:
-            for t, part in zip(output_lists[0], recv.split(n)):
-                t.copy_(part.view(t.shape))
-        return _Work([work], output_lists)
+        out = output_lists[0] if self.rank() == opts.rootRank else None
+        return _Work([_c.gather(input_tensors[0], out, group=self._g, async_op=True,
+                                group_dst=opts.rootRank)], output_lists)
 
     def scatter(self, output_tensors, input_lists, opts):
-        root, me = opts.rootRank, self.rank()
-        out = output_tensors[0]
-        n, size = out.numel(), self.size()
-        send = (torch.cat([t.reshape(-1) for t in input_lists[0]]) if me == root
-                else torch.empty(0, dtype=out.dtype, device=out.device))
-        recv = torch.empty(n, dtype=out.dtype, device=out.device)
-        work = _c.all_to_all_single(recv, send, [n if r == root else 0 for r in range(size)],
-                                    [n if me == root else 0] * size, group=self._g,
-                                    async_op=True)
-        work.wait()
-        out.copy_(recv.view(out.shape))
-        return _Work([work], output_tensors)
+        inp = input_lists[0] if self.rank() == opts.rootRank else None
+        return _Work([_c.scatter(output_tensors[0], inp, group=self._g, async_op=True,
+                                 group_src=opts.rootRank)], output_tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        op = _op(opts) if opts is not None else dist.ReduceOp.SUM
+        return _Work([_c.all_reduce_coalesced(tensors, op, group=self._g, async_op=True)],
+                     tensors)
 
     def barrier(self, opts=None):
         return _Work([_c.barrier(group=self._g, async_op=True)], [])

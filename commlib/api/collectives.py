@@ -4,7 +4,8 @@ Each public function checks its arguments (raising a ``CommError`` subclass whos
 function, argument, value, rule and fix), optionally checks that all ranks agree (debug mode), picks
 an algorithm (a record of :mod:`commlib.algorithms`, chosen by :mod:`commlib.tuning` over the
 group's resources), and runs it through the progress loop in :mod:`commlib.runtime.progress`.
-Point-to-point is in :mod:`commlib.api.p2p`.
+Point-to-point is in :mod:`commlib.api.p2p`, the object collectives (pickled Python objects) in
+:mod:`commlib.api.objects`.
 
 How data reaches the algorithms:
 
@@ -14,17 +15,24 @@ How data reaches the algorithms:
 * Reductions of float16/bfloat16 accumulate in float32 unless the engine reduces them natively
   (NCCL); bool reduces as uint8 with SUM/MAX as OR and PRODUCT/MIN as AND.
 * AVG is a SUM divided once by the group size, on floating dtypes only.
+
+The list forms of torch.distributed (``gather``, ``scatter``, ``all_to_all``, ``reduce_scatter``,
+``all_reduce_coalesced``) pack their lists into one flat buffer and run the tensor form's
+algorithm on it: ``gather`` and ``scatter`` are an all-to-all whose split sizes are zero except
+to or from the root, so they move exactly the bytes of their definition.
 """
 
 from __future__ import annotations
 
 import math
+import time
+from datetime import timedelta
 from typing import Sequence
 
 import torch
 
 from ..algorithms import Ctx
-from ..errors import CommArgumentError, CommError, CommTypeError, arg_error
+from ..errors import CommArgumentError, CommError, CommTimeoutError, CommTypeError, arg_error
 from ..kernels import finish_avg_
 from ..ops import ReduceOp, accumulation_dtype, dtype_name, resolve_op, to_reduce_op
 from ..runtime import debug as _debug
@@ -37,8 +45,10 @@ from ..tuning import select
 from .groups import resolve_group
 
 __all__ = [
-    "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
-    "reduce_scatter_tensor", "all_to_all_single", "barrier",
+    "all_reduce", "all_reduce_coalesced", "broadcast", "reduce", "all_gather",
+    "all_gather_into_tensor", "all_gather_single", "gather", "scatter", "reduce_scatter",
+    "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all", "all_to_all_single", "barrier",
+    "monitored_barrier",
 ]
 
 _TAG_SPACE = 1 << 14  # algorithm tags cycle through [0, 2**14): below every MPI's MPI_TAG_UB
@@ -119,6 +129,62 @@ def _same(fn: str, arg: str, t: torch.Tensor, ref: torch.Tensor, ref_arg: str) -
         raise arg_error(fn, arg, f"<tensor device={t.device}>",
                         f"must be on the device of '{ref_arg}' ({ref.device})",
                         "move one of them")
+
+
+def _describe(value) -> str:
+    """How an argument that should be a list of tensors appears in an error message."""
+    if isinstance(value, (list, tuple)):
+        return f"<list of {len(value)}>"
+    return f"<{type(value).__module__}.{type(value).__qualname__}>"
+
+
+def _tensor_list(fn: str, arg: str, value, size: int, fix: str,
+                 writable: bool = False) -> list[torch.Tensor]:
+    """``value``, a list of one tensor per rank of the group, as torch tensors (checked)."""
+    is_list = isinstance(value, (list, tuple))
+    if not is_list or len(value) != size:
+        raise arg_error(fn, arg, _describe(value), f"must be a list of group size ({size}) tensors",
+                        fix, CommArgumentError if is_list else CommTypeError)
+    return [as_tensor(t, fn, f"{arg}[{i}]", writable) for i, t in enumerate(value)]
+
+
+def _root_list(fn: str, arg: str, value, group: Group, root: int, ref: torch.Tensor,
+               writable: bool) -> list[torch.Tensor] | None:
+    """The list argument of ``gather``/``scatter``: required on the root (group size tensors of
+    ``tensor``'s shape, dtype and device), None (or empty, as torch allows) everywhere else."""
+    given = value is not None and not (isinstance(value, (list, tuple)) and len(value) == 0)
+    if group.rank != root:
+        if given:
+            raise arg_error(fn, arg, _describe(value),
+                            f"is given on group rank {group.rank}, but only the root (group rank "
+                            f"{root}) takes a list", f"pass {arg}=None on every other rank")
+        return None
+    fix = f"pass [torch.empty_like(tensor) for _ in range({group.size})] on the root"
+    if not given:
+        raise arg_error(fn, arg, value, f"is required on the root (group rank {root}, this rank)",
+                        fix)
+    tensors = _tensor_list(fn, arg, value, group.size, fix, writable)
+    for i, t in enumerate(tensors):
+        _same(fn, f"{arg}[{i}]", t, ref, "tensor")
+        if t.shape != ref.shape:
+            raise arg_error(fn, f"{arg}[{i}]", f"<tensor shape={tuple(t.shape)}>",
+                            f"must have the shape of 'tensor' {tuple(ref.shape)}",
+                            "allocate each entry with torch.empty_like(tensor)")
+    return tensors
+
+
+def _flat_cat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The tensors' elements, concatenated into one new flat buffer (a copy)."""
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def _copy_out(flat: torch.Tensor, outs: list[torch.Tensor]) -> None:
+    """Copy consecutive pieces of ``flat`` into ``outs`` (the inverse of :func:`_flat_cat`)."""
+    offset = 0
+    for o in outs:
+        n = o.numel()
+        o.copy_(flat[offset:offset + n].view(o.shape))
+        offset += n
 
 
 def _ctx(group: Group, what: str, op: ReduceOp | None, blocking: bool = False,
@@ -306,6 +372,59 @@ def reduce(tensor, dst: int | None = None, op=ReduceOp.SUM, group: Group | None 
     return start(*_reduce_in_place(g, algo, t, rop, root, g.blocking and not async_op), g, "reduce", g.seq, async_op)
 
 
+def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group: Group | None = None,
+                         async_op: bool = False, *, algorithm: str | None = None):
+    """Reduce every tensor of ``tensors`` across the group, in place, as one all-reduce.
+
+    The tensors (one dtype, one device; any shapes; a single tensor is accepted too) are
+    concatenated into one flat buffer, reduced with one ``all_reduce`` (the algorithm chosen for
+    the total size), and the results are copied back into each tensor. Every rank passes the
+    same shapes, in the same order.
+
+    Example (3 ranks): ``a = torch.full((2,), rank + 1.0); b = torch.tensor([float(rank)])``;
+    after ``all_reduce_coalesced([a, b])`` every rank holds ``a == [6., 6.]`` and ``b == [3.]``.
+    """
+    fn = "all_reduce_coalesced"
+    g = resolve_group(group, fn)
+    try:
+        if isinstance(tensors, (list, tuple)):
+            if not tensors:
+                raise arg_error(fn, "tensors", tensors, "must hold at least one tensor",
+                                "pass the tensors to reduce, e.g. [p.grad for p in params]")
+            ts = [as_tensor(t, fn, f"tensors[{i}]", writable=True) for i, t in enumerate(tensors)]
+        else:
+            ts = [as_tensor(tensors, fn, "tensors", writable=True)]
+        for i, t in enumerate(ts[1:], 1):
+            if t.dtype != ts[0].dtype:
+                raise arg_error(fn, f"tensors[{i}]", f"<tensor dtype={dtype_name(t.dtype)}>",
+                                f"must have the dtype of tensors[0] ({dtype_name(ts[0].dtype)}): "
+                                f"they are reduced as one buffer",
+                                "make one call per dtype, or convert them", CommTypeError)
+            _same(fn, f"tensors[{i}]", t, ts[0], "tensors[0]")
+        rop = _op(fn, op, ts[0].dtype)
+        total = sum(t.numel() for t in ts)
+        algo = select("all_reduce", total * ts[0].element_size(), g, algorithm, fn, ts[0].dtype,
+                      ts[0].device.type, rop)
+    except CommError as exc:
+        _fail(g, fn, exc)
+        raise
+    if g.debug:
+        _agree(g, fn, algo, shapes=[tuple(t.shape) for t in ts], dtype=dtype_name(ts[0].dtype),
+               op=rop.name)
+    g.seq += 1
+    if total == 0:
+        return completed_work() if async_op else None
+    flat = _flat_cat(ts)
+    gen, finish, keep = _reduce_in_place(g, algo, flat, rop, None, g.blocking and not async_op)
+
+    def copy_back():
+        if finish is not None:
+            finish()
+        _copy_out(flat, ts)
+
+    return start(gen, copy_back, (keep, ts), g, fn, g.seq, async_op)
+
+
 # ----- broadcast ---------------------------------------------------------------------------
 def _broadcast(group, algo, t, root, blocking):
     flat, copied = work_view(t, "broadcast")
@@ -346,17 +465,39 @@ def _prepare_gather_input(inp: torch.Tensor, out: torch.Tensor, rank: int = -1) 
     return flat.clone()
 
 
-def all_gather_into_tensor(output_tensor, input_tensor, group: Group | None = None,
-                           async_op: bool = False, *, algorithm: str | None = None):
+def all_gather_single(output_tensor, input_tensor, group: Group | None = None,
+                      async_op: bool = False, *, algorithm: str | None = None):
     """Concatenate every rank's ``input_tensor`` into ``output_tensor`` in rank order.
 
     ``output_tensor`` holds ``group size`` times the elements of ``input_tensor`` (any shape,
     e.g. ``(size * n, ...)`` or ``(size, n, ...)``). ``input_tensor`` may be this rank's slice of
-    ``output_tensor`` (in-place all-gather).
+    ``output_tensor`` (in-place all-gather). torch 2.13's name for ``all_gather_into_tensor``:
+    the two are one implementation.
+
+    Example (3 ranks): ``out = torch.empty(3, 2)``; after
+    ``all_gather_single(out, torch.full((2,), float(rank)))`` every rank holds
+    ``[[0., 0.], [1., 1.], [2., 2.]]``.
     """
-    fn = "all_gather_into_tensor"
-    if not async_op and _repeat(fn, output_tensor, input_tensor, None, group, algorithm):
+    if not async_op and _repeat("all_gather_single", output_tensor, input_tensor, None, group,
+                                algorithm):
         return None
+    return _all_gather_single("all_gather_single", output_tensor, input_tensor, group, async_op,
+                              algorithm)
+
+
+def all_gather_into_tensor(output_tensor, input_tensor, group: Group | None = None,
+                           async_op: bool = False, *, algorithm: str | None = None):
+    """:func:`all_gather_single` under its name before torch 2.13 (kept, without a warning)."""
+    if not async_op and _repeat("all_gather_into_tensor", output_tensor, input_tensor, None, group,
+                                algorithm):
+        return None
+    return _all_gather_single("all_gather_into_tensor", output_tensor, input_tensor, group,
+                              async_op, algorithm)
+
+
+def _all_gather_single(fn: str, output_tensor, input_tensor, group, async_op: bool, algorithm):
+    """The one implementation of both names (``fn``: the name the caller used, for its errors and
+    its plan); a repeated call has been tried already."""
     g = resolve_group(group, fn)
     try:
         out = as_tensor(output_tensor, fn, "output_tensor", writable=True)
@@ -396,15 +537,8 @@ def all_gather(tensor_list: list, tensor, group: Group | None = None, async_op: 
     g = resolve_group(group, fn)
     try:
         inp = as_tensor(tensor, fn, "tensor")
-        if not isinstance(tensor_list, (list, tuple)) or len(tensor_list) != g.size:
-            is_list = isinstance(tensor_list, (list, tuple))
-            raise arg_error(fn, "tensor_list", f"<list of {len(tensor_list)}>" if is_list
-                            else f"<{type(tensor_list).__module__}.{type(tensor_list).__qualname__}>",
-                            f"must be a list of group size ({g.size}) tensors",
-                            f"pass [torch.empty_like(tensor) for _ in range({g.size})]",
-                            CommArgumentError if is_list else CommTypeError)
-        outs = [as_tensor(o, fn, f"tensor_list[{i}]", writable=True)
-                for i, o in enumerate(tensor_list)]
+        outs = _tensor_list(fn, "tensor_list", tensor_list, g.size,
+                            f"pass [torch.empty_like(tensor) for _ in range({g.size})]", True)
         for i, o in enumerate(outs):
             _same(fn, f"tensor_list[{i}]", o, inp, "tensor")
             if o.numel() != inp.numel():
@@ -421,25 +555,19 @@ def all_gather(tensor_list: list, tensor, group: Group | None = None, async_op: 
     if inp.numel() == 0:
         return completed_work() if async_op else None
     flat = torch.empty(g.size * inp.numel(), dtype=inp.dtype, device=inp.device)
-    n = inp.numel()
-
-    def scatter_back():
-        for i, o in enumerate(outs):
-            o.copy_(flat[i * n:(i + 1) * n].view(o.shape))
-
     inp_flat = _prepare_gather_input(inp, flat)
     gen = algo.run(_ctx(g, fn, None, g.blocking and not async_op), flat, inp_flat)
-    return start(gen, scatter_back, (flat, inp_flat), g, fn, g.seq, async_op)
+    return start(gen, lambda: _copy_out(flat, outs), (flat, inp_flat), g, fn, g.seq, async_op)
 
 
 # ----- reduce-scatter ----------------------------------------------------------------------
-def _reduce_scatter(group, algo, out, inp, op, blocking):
-    out_flat, copied = work_view(out, "reduce_scatter_tensor", "output")
+def _reduce_scatter(group, algo, out, inp, op, blocking, fn="reduce_scatter_tensor"):
+    out_flat, copied = work_view(out, fn, "output")
     inp_flat = inp.reshape(-1) if inp.is_contiguous() else inp.contiguous().view(-1)
     if _natively(algo, group, out):  # reduces every dtype itself, AVG included
         if overlaps(inp_flat, out_flat):
             inp_flat = inp_flat.clone()
-        gen = algo.run(_ctx(group, "reduce_scatter_tensor", op, blocking), _as_reducible(out_flat),
+        gen = algo.run(_ctx(group, fn, op, blocking), _as_reducible(out_flat),
                        _as_reducible(inp_flat))
         finish = (lambda: out.copy_(out_flat.view(out.shape))) if copied else None
         return gen, finish, (out, out_flat, inp_flat)
@@ -452,7 +580,7 @@ def _reduce_scatter(group, algo, out, inp, op, blocking):
         out_buf = torch.empty(out_flat.shape, dtype=inp_buf.dtype, device=out_flat.device)
     else:
         out_buf = out_flat.view(inp_buf.dtype)  # itself, or bool viewed as uint8
-    gen = algo.run(_ctx(group, "reduce_scatter_tensor", op, blocking), out_buf, inp_buf)
+    gen = algo.run(_ctx(group, fn, op, blocking), out_buf, inp_buf)
 
     def finish():
         if op is ReduceOp.AVG:
@@ -465,13 +593,35 @@ def _reduce_scatter(group, algo, out, inp, op, blocking):
     return gen, finish, (out, out_buf, inp_buf)
 
 
-def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group: Group | None = None,
+def reduce_scatter_single(output, input, op=ReduceOp.SUM, group: Group | None = None,
                           async_op: bool = False, *, algorithm: str | None = None):
     """Reduce ``input`` (group size blocks of ``output.numel()`` elements) across the group; rank i
-    gets block i, reduced, in ``output``."""
-    fn = "reduce_scatter_tensor"
-    if not async_op and _repeat(fn, output, input, op, group, algorithm):
+    gets block i, reduced, in ``output``. torch 2.13's name for ``reduce_scatter_tensor``: the two
+    are one implementation.
+
+    Example (3 ranks): ``inp = torch.arange(6.) + 10 * rank; out = torch.empty(2)``; after
+    ``reduce_scatter_single(out, inp)`` rank 0 holds ``[30., 33.]``, rank 1 ``[36., 39.]``, rank
+    2 ``[42., 45.]``.
+    """
+    if not async_op and _repeat("reduce_scatter_single", output, input, op, group, algorithm):
         return None
+    return _reduce_scatter_single("reduce_scatter_single", output, input, op, group, async_op,
+                                  algorithm)
+
+
+def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group: Group | None = None,
+                          async_op: bool = False, *, algorithm: str | None = None):
+    """:func:`reduce_scatter_single` under its name before torch 2.13 (kept, without a warning)."""
+    if not async_op and _repeat("reduce_scatter_tensor", output, input, op, group, algorithm):
+        return None
+    return _reduce_scatter_single("reduce_scatter_tensor", output, input, op, group, async_op,
+                                  algorithm)
+
+
+def _reduce_scatter_single(fn: str, output, input, op, group, async_op: bool, algorithm,
+                           cache: bool = True):
+    """The one implementation of both names and of :func:`reduce_scatter` (``fn``: the name the
+    caller used); ``cache`` False for an ``input`` made for this call only (no plan to keep)."""
     g = resolve_group(group, fn)
     try:
         out = as_tensor(output, fn, "output", writable=True)
@@ -493,10 +643,44 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group: Group | None = 
     g.seq += 1
     if out.numel() == 0:
         return completed_work() if async_op else None
-    post = _plan_pair(fn, g, algo, out, inp, output, input, rop, op, group, algorithm, async_op)
-    if post is not None:
-        return _run_plan(g, post, (out, inp), fn)
-    return start(*_reduce_scatter(g, algo, out, inp, rop, g.blocking and not async_op), g, fn, g.seq, async_op)
+    if cache:
+        post = _plan_pair(fn, g, algo, out, inp, output, input, rop, op, group, algorithm, async_op)
+        if post is not None:
+            return _run_plan(g, post, (out, inp), fn)
+    return start(*_reduce_scatter(g, algo, out, inp, rop, g.blocking and not async_op, fn), g, fn,
+                 g.seq, async_op)
+
+
+def reduce_scatter(output, input_list: list, op=ReduceOp.SUM, group: Group | None = None,
+                   async_op: bool = False, *, algorithm: str | None = None):
+    """Reduce ``input_list[i]`` across the group into ``output`` on rank i.
+
+    ``input_list`` holds group size tensors, each of ``output``'s shape, dtype and device. It is
+    concatenated into one buffer (a copy) and reduced with the ``reduce_scatter_single``
+    algorithm. dtypes and ops as for ``all_reduce``.
+
+    Example (3 ranks): ``ins = [torch.full((2,), 10. * rank + i) for i in range(3)]``; after
+    ``reduce_scatter(out, ins)`` rank i holds ``[30. + 3 * i, 30. + 3 * i]``.
+    """
+    fn = "reduce_scatter"
+    g = resolve_group(group, fn)
+    try:
+        out = as_tensor(output, fn, "output", writable=True)
+        ins = _tensor_list(fn, "input_list", input_list, g.size,
+                           f"pass [torch.empty_like(output) for _ in range({g.size})]")
+        for i, t in enumerate(ins):
+            _same(fn, f"input_list[{i}]", t, out, "output")
+            if t.shape != out.shape:
+                raise arg_error(fn, f"input_list[{i}]", f"<tensor shape={tuple(t.shape)}>",
+                                f"must have the shape of 'output' {tuple(out.shape)}: the blocks "
+                                f"of a reduce-scatter are equal",
+                                "pad the blocks to one shape, or use all_to_all_single with "
+                                "uneven split sizes and reduce locally")
+    except CommError as exc:
+        _fail(g, fn, exc)
+        raise
+    return _reduce_scatter_single(fn, output, _flat_cat(ins), op, g, async_op, algorithm,
+                                  cache=False)
 
 
 # ----- all-to-all --------------------------------------------------------------------------
@@ -522,13 +706,13 @@ def _splits(fn: str, arg: str, splits, t: torch.Tensor, size: int) -> list[int]:
     return splits
 
 
-def _all_to_all(group, algo, out, inp, out_counts, in_counts, blocking):
-    out_flat, copied = work_view(out, "all_to_all_single", "output")
+def _all_to_all(group, algo, out, inp, out_counts, in_counts, blocking, fn="all_to_all_single",
+                out_arg="output"):
+    out_flat, copied = work_view(out, fn, out_arg)
     inp_flat = inp.reshape(-1) if inp.is_contiguous() else inp.contiguous().view(-1)
     if overlaps(inp_flat, out_flat):
         inp_flat = inp_flat.clone()
-    gen = algo.run(_ctx(group, "all_to_all_single", None, blocking), out_flat, inp_flat, out_counts,
-                   in_counts)
+    gen = algo.run(_ctx(group, fn, None, blocking), out_flat, inp_flat, out_counts, in_counts)
     finish = (lambda: out.copy_(out_flat.view(out.shape))) if copied else None
     return gen, finish, (out, out_flat, inp_flat)
 
@@ -564,6 +748,126 @@ def all_to_all_single(output, input, output_split_sizes: Sequence[int] | None = 
                                 g.blocking and not async_op), g, fn, g.seq, async_op)
 
 
+def all_to_all(output_tensor_list: list, input_tensor_list: list, group: Group | None = None,
+               async_op: bool = False, *, algorithm: str | None = None):
+    """Send ``input_tensor_list[j]`` to rank j; ``output_tensor_list[i]`` receives what rank i sent.
+
+    Both lists hold group size tensors of one dtype and device; their sizes may differ from peer
+    to peer (what rank i sends to j has the element count that j's ``output_tensor_list[i]``
+    has). The lists are packed into one buffer each and moved by the ``all_to_all_single``
+    algorithm with the element counts as split sizes.
+
+    Example (3 ranks): ``ins = [torch.tensor([10 * rank + j]) for j in range(3)]``; after
+    ``all_to_all(outs, ins)`` rank j holds ``outs == [[j], [10 + j], [20 + j]]``.
+    """
+    fn = "all_to_all"
+    g = resolve_group(group, fn)
+    try:
+        ins = _tensor_list(fn, "input_tensor_list", input_tensor_list, g.size,
+                           "pass one tensor per rank of the group (the part sent to it)")
+        outs = _tensor_list(fn, "output_tensor_list", output_tensor_list, g.size,
+                            "pass one tensor per rank of the group (the part received from it)",
+                            writable=True)
+        for i, t in enumerate(ins[1:], 1):
+            _same(fn, f"input_tensor_list[{i}]", t, ins[0], "input_tensor_list[0]")
+        for i, t in enumerate(outs):
+            _same(fn, f"output_tensor_list[{i}]", t, ins[0], "input_tensor_list[0]")
+        in_counts = [t.numel() for t in ins]
+        out_counts = [t.numel() for t in outs]
+        algo = select("all_to_all", sum(in_counts) * ins[0].element_size(), g, algorithm, fn)
+    except CommError as exc:
+        _fail(g, fn, exc)
+        raise
+    if g.debug:
+        _agree(g, fn, algo, dtype=dtype_name(ins[0].dtype))
+    g.seq += 1
+    # Runs even when this rank moves nothing: its peers' counts may pair with it.
+    out = torch.empty(sum(out_counts), dtype=ins[0].dtype, device=ins[0].device)
+    gen, finish, keep = _all_to_all(g, algo, out, _flat_cat(ins), out_counts, in_counts,
+                                    g.blocking and not async_op, fn)
+    return start(gen, lambda: _copy_out(out, outs), (keep, outs), g, fn, g.seq, async_op)
+
+
+def _rooted(fn: str, g: Group, algo, tensor: torch.Tensor, root: int, gathering: bool,
+            root_list: list[torch.Tensor] | None, async_op: bool):
+    """``gather`` (``gathering``) or ``scatter`` of ``tensor``'s ``n`` elements as an all-to-all
+    whose only non-zero split sizes are to the root (gather) or from it (scatter): every rank
+    moves exactly its own block, as the definition says."""
+    n, size = tensor.numel(), g.size
+    blocking = g.blocking and not async_op
+    to_root = [0] * size
+    to_root[root] = n
+    if gathering:
+        if g.rank == root:
+            out = torch.empty(size * n, dtype=tensor.dtype, device=tensor.device)
+            gen, _, keep = _all_to_all(g, algo, out, tensor, [n] * size, to_root, blocking, fn)
+            return start(gen, lambda: _copy_out(out, root_list), (keep, root_list), g, fn, g.seq,
+                         async_op)
+        out = tensor.new_empty(0)
+        return start(*_all_to_all(g, algo, out, tensor, [0] * size, to_root, blocking, fn), g, fn,
+                     g.seq, async_op)
+    inp = _flat_cat(root_list) if g.rank == root else tensor.new_empty(0)
+    counts = [n] * size if g.rank == root else [0] * size
+    return start(*_all_to_all(g, algo, tensor, inp, to_root, counts, blocking, fn, "tensor"), g,
+                 fn, g.seq, async_op)
+
+
+def _rooted_call(fn: str, tensor, root_list, list_arg: str, root_arg: str, root, group_root,
+                 group, async_op: bool, algorithm):
+    """Checks, debug agreement and run of ``gather`` / ``scatter``."""
+    gathering = fn == "gather"
+    g = resolve_group(group, fn)
+    try:
+        t = as_tensor(tensor, fn, "tensor", writable=not gathering)
+        r = root_rank(fn, g, root_arg, root, group_root)
+        lst = _root_list(fn, list_arg, root_list, g, r, t, writable=gathering)
+        algo = select("all_to_all", t.numel() * t.element_size() * g.size, g, algorithm, fn)
+    except CommError as exc:
+        _fail(g, fn, exc)
+        raise
+    if g.debug:
+        _agree(g, fn, algo, shape=tuple(t.shape), dtype=dtype_name(t.dtype), root=r)
+    g.seq += 1
+    if t.numel() == 0:
+        return completed_work() if async_op else None
+    return _rooted(fn, g, algo, t, r, gathering, lst, async_op)
+
+
+def gather(tensor, gather_list: list | None = None, dst: int | None = None,
+           group: Group | None = None, async_op: bool = False, group_dst: int | None = None, *,
+           algorithm: str | None = None):
+    """Gather every rank's ``tensor`` into ``gather_list`` on rank ``dst`` (a world rank; or
+    ``group_dst``, a rank of the group; default group rank 0).
+
+    ``gather_list`` is given on the root only: group size tensors of ``tensor``'s shape, dtype and
+    device; ``gather_list[i]`` receives rank i's ``tensor``. Other ranks pass None. Runs as an
+    all-to-all in which each rank sends its ``tensor`` to the root and nothing elsewhere.
+
+    Example (3 ranks): ``outs = [torch.empty(2) for _ in range(3)] if rank == 1 else None``; after
+    ``gather(torch.full((2,), float(rank)), outs, dst=1)`` rank 1 holds
+    ``outs == [[0., 0.], [1., 1.], [2., 2.]]``.
+    """
+    return _rooted_call("gather", tensor, gather_list, "gather_list", "dst", dst, group_dst,
+                        group, async_op, algorithm)
+
+
+def scatter(tensor, scatter_list: list | None = None, src: int | None = None,
+            group: Group | None = None, async_op: bool = False, group_src: int | None = None, *,
+            algorithm: str | None = None):
+    """Rank i receives ``scatter_list[i]`` of rank ``src`` (a world rank; or ``group_src``; default
+    group rank 0) in ``tensor``.
+
+    ``scatter_list`` is given on the root only: group size tensors of ``tensor``'s shape, dtype
+    and device. Other ranks pass None. Runs as an all-to-all in which the root sends one block to
+    each rank and the others send nothing.
+
+    Example (3 ranks): ``ins = [torch.full((2,), 10. + i) for i in range(3)] if rank == 0 else
+    None``; after ``scatter(t, ins, src=0)`` rank i holds ``t == [10. + i, 10. + i]``.
+    """
+    return _rooted_call("scatter", tensor, scatter_list, "scatter_list", "src", src, group_src,
+                        group, async_op, algorithm)
+
+
 # ----- barrier -----------------------------------------------------------------------------
 def barrier(group: Group | None = None, async_op: bool = False, device_ids=None):
     """Block until every rank of the group has entered the barrier."""
@@ -574,3 +878,115 @@ def barrier(group: Group | None = None, async_op: bool = False, device_ids=None)
     g.seq += 1
     ctx = _ctx(g, "barrier", None, g.blocking and not async_op)
     return start(algo.run(ctx), None, None, g, "barrier", g.seq, async_op)
+
+
+def _barrier_timeout(fn: str, timeout, group: Group) -> float | None:
+    """``timeout`` (seconds or a ``timedelta``; None: the group's) in seconds, or None (none)."""
+    if timeout is None:
+        return group.timeout
+    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+        raise arg_error(fn, "timeout", timeout, "must be a positive number of seconds or a timedelta",
+                        "pass e.g. timeout=datetime.timedelta(seconds=30), or None for the "
+                        "group's timeout")
+    return float(seconds)
+
+
+def _wait_each(backend, handles: dict, limit: float | None) -> set:
+    """Wait until every handle of ``handles`` (key -> handle) completes or ``limit`` seconds pass;
+    the keys of those that completed. Polls each one on its own, sleeping between passes (from
+    50 us, doubling to 5 ms), so a waiting rank leaves the cores to the ranks it waits for."""
+    if limit is None:
+        backend.wait(list(handles.values()))
+        return set(handles)
+    deadline = time.monotonic() + limit
+    done: set = set()
+    pause = 5e-5
+    while True:
+        for key, h in handles.items():
+            if key not in done and backend.test([h]):
+                done.add(key)
+        if len(done) == len(handles) or time.monotonic() > deadline:
+            return done
+        time.sleep(pause)
+        pause = min(2 * pause, 5e-3)
+
+
+def monitored_barrier(group: Group | None = None, timeout=None, wait_all_ranks: bool = False):
+    """A barrier that names the ranks that did not reach it, instead of hanging.
+
+    Group rank 0 waits up to ``timeout`` (seconds or a ``timedelta``; default the group's
+    ``COMMLIB_TIMEOUT``) for a message from every other rank, then answers each with the list of
+    ranks that did not arrive. If any did not, every rank raises ``CommTimeoutError`` naming
+    them: rank 0 at its deadline, the others when the answer arrives, and a rank that arrives
+    late as soon as it does (the answer is waiting for it). Without ``wait_all_ranks`` the
+    message names the first missing rank, as torch's does; with it, all of them. A rank other
+    than 0 waits up to twice the timeout for the answer, then raises naming rank 0 (which has not
+    reached the barrier, or is stuck before it).
+
+    Unlike ``barrier``, it runs as point-to-point messages to and from rank 0 (2 (n - 1) small
+    messages), and it never exchanges a debug-mode fingerprint first: a missing rank is what it
+    reports, not a reason to wait.
+    """
+    fn = "monitored_barrier"
+    g = resolve_group(group, fn)
+    limit = _barrier_timeout(fn, timeout, g)
+    if not isinstance(wait_all_ranks, bool):
+        raise arg_error(fn, "wait_all_ranks", wait_all_ranks, "must be True or False",
+                        "pass wait_all_ranks=True to list every rank that did not arrive",
+                        CommTypeError)
+    if g.broken is not None:
+        unusable(g, fn)
+    g.seq += 1
+    tag = g.seq % _TAG_SPACE
+    if g.size == 1:
+        return None
+    backend = g.backend
+    device = "cpu" if "cpu" in backend.devices else "cuda"
+    if g.rank == 0:
+        tokens = {r: torch.empty(1, dtype=torch.int64, device=device) for r in range(1, g.size)}
+        handles = {r: backend.irecv(tokens[r], r, tag) for r in tokens}
+        arrived = _wait_each(backend, handles, limit)
+        missing = [r for r in tokens if r not in arrived]
+        verdict = torch.zeros(g.size, dtype=torch.int64, device=device)
+        verdict[missing] = 1
+        # Every rank gets the verdict, a missing one too: it finds it when it arrives, and raises.
+        sends = {r: backend.isend(verdict, r, tag) for r in tokens}
+        sent = _wait_each(backend, {r: sends[r] for r in arrived}, limit)
+        if missing or len(sent) < len(arrived):
+            # What a missing rank has not matched yet stays posted: its buffers must outlive it.
+            _ABANDONED.append((handles, sends, tokens, verdict))
+        if missing:
+            raise _not_arrived(fn, g, missing, limit, wait_all_ranks)
+        return None
+    token = torch.full((1,), g.rank, dtype=torch.int64, device=device)
+    verdict = torch.empty(g.size, dtype=torch.int64, device=device)
+    handles = {"verdict": backend.irecv(verdict, 0, tag)}  # posted before rank 0 can answer
+    handles["token"] = backend.isend(token, 0, tag)
+    done = _wait_each(backend, {"verdict": handles["verdict"]},
+                      None if limit is None else 2 * limit)
+    if not done:
+        _ABANDONED.append((handles, token, verdict))
+        raise CommTimeoutError(
+            f"commlib.{fn}: group rank 0 (world rank {g.ranks[0]}) of group {g.name!r} did not "
+            f"answer within {2 * limit:g} s (twice the timeout) on rank {g.rank}: it has not "
+            f"reached the barrier, or is stuck before it. Fix: see what rank 0 is doing (its "
+            f"traceback, or COMMLIB_DEBUG=1), or raise the timeout if it is just slow.")
+    backend.wait([handles["token"]])  # rank 0 answered, so it has received the token
+    missing = [r for r in range(g.size) if verdict[r]]
+    if missing:
+        raise _not_arrived(fn, g, missing, limit, wait_all_ranks)
+    return None
+
+
+def _not_arrived(fn: str, g: Group, missing: list[int], limit: float, wait_all: bool):
+    named = missing if wait_all else missing[:1]
+    ranks = ", ".join(f"{r} (world rank {g.ranks[r]})" for r in named)
+    more = "" if wait_all or len(missing) == 1 else \
+        f" and {len(missing) - 1} more (wait_all_ranks=True lists every one)"
+    return CommTimeoutError(
+        f"commlib.{fn}: group {g.name!r} (size {g.size}), operation #{g.seq}: group rank"
+        f"{'s' if len(named) > 1 else ''} {ranks}{more} did not reach the barrier within "
+        f"{limit:g} s of rank 0 (seen on rank {g.rank}). Fix: find what those ranks are doing "
+        f"(their tracebacks, or COMMLIB_DEBUG=1 to compare the calls), or raise the timeout if "
+        f"they are just slow.")

@@ -14,8 +14,9 @@ from commlib import config as _config
 _ARGUMENTS = {
     "backend": [("commlib.init", "backend")],
     "algo": [(f"commlib.{fn}", "algorithm") for fn in (
-        "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
-        "reduce_scatter_tensor", "all_to_all_single")],
+        "all_reduce", "all_reduce_coalesced", "broadcast", "reduce", "all_gather",
+        "all_gather_into_tensor", "all_gather_single", "gather", "scatter", "reduce_scatter",
+        "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all", "all_to_all_single")],
     "timeout": [("commlib.init", "timeout"), ("commlib.new_group", "timeout"),
                 ("commlib.Work.wait", "timeout")],
     "timeout_mode": [("commlib.init", "timeout_mode")],

@@ -184,9 +184,12 @@ class Work:
     def _finish(self, result, failed: bool = False) -> None:
         if failed:
             _ABANDONED.append((self._gen, self._handles, self._keep))
-        self._done, self._handles = True, None
+        self._handles = None
         self._result = self._fin() if (self._fin is not None and not failed) else result
         self._keep = None
+        # Last: wait() and is_completed() read _done without the lock, and return at once once it
+        # is set, so the result (the copy-back into the caller's tensor) must be in place first.
+        self._done = True
         try:
             _PENDING.remove(self)
         except ValueError:
