@@ -103,3 +103,21 @@ def run_mpi_hosts(hosts: list[str], script: str, *args: str, timeout: float = 24
 @pytest.fixture
 def mpirun():
     return run_mpi
+
+
+@pytest.fixture
+def self_world(monkeypatch):
+    """commlib in this process, a world of one on the ``self`` backend, with no COMMLIB_
+    variable of the caller's environment; finalized afterwards."""
+    import commlib
+    from commlib.runtime.progress import set_progress
+
+    for key in [k for k in os.environ if k.startswith("COMMLIB_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("EXPECT_BACKEND", "self")
+    commlib.finalize()
+    commlib.init(backend="self")
+    previous = set_progress("auto")  # a test may switch it; the next one starts from the default
+    yield
+    commlib.finalize()
+    set_progress(previous)

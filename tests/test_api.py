@@ -44,19 +44,6 @@ def test_api_in_other_modes(mpirun, n, env):
     assert_every_case_ran(proc, n)
 
 
-@pytest.fixture
-def self_world(monkeypatch):
-    import commlib
-
-    for key in [k for k in __import__("os").environ if k.startswith("COMMLIB_")]:
-        monkeypatch.delenv(key)
-    monkeypatch.setenv("EXPECT_BACKEND", "self")
-    commlib.finalize()
-    commlib.init(backend="self")
-    yield
-    commlib.finalize()
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_case_on_self_backend(self_world, case):
     """Every case in this process, a world of one on the ``self`` backend."""

@@ -51,24 +51,6 @@ def test_dropin_on_gloo():
     assert_every_case_ran(out, 3)
 
 
-@pytest.fixture
-def self_world(monkeypatch):
-    import commlib
-    from commlib.runtime.progress import set_progress
-
-    for key in [k for k in __import__("os").environ if k.startswith("COMMLIB_")]:
-        monkeypatch.delenv(key)
-    monkeypatch.setenv("EXPECT_BACKEND", "self")
-    commlib.finalize()
-    commlib.init(backend="self")
-    # No progress thread in this process until Work._finish publishes completion last (see
-    # test_async_wait_returns_after_the_copy_back): one rank on two cores would start one.
-    previous = set_progress("wait")
-    yield
-    set_progress(previous)
-    commlib.finalize()
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_case_on_self_backend(self_world, case):
     threads = torch.get_num_threads()
