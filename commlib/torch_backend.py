@@ -41,7 +41,7 @@ from .api.groups import (
     member_group,
 )
 from .engines.torch_dist import TorchBackend
-from .errors import CommArgumentError, CommStateError, CommUnsupportedError
+from .errors import CommArgumentError, CommStateError
 from .runtime.group import state as _state
 from .tuning import bucket_sizes
 
@@ -115,15 +115,7 @@ def _fail(work, future) -> None:
                      f"future failed; ending this process (timeout_mode 'abort'; set "
                      f"COMMLIB_TIMEOUT_MODE=raise for the future to raise instead)\n")
     sys.stderr.flush()
-    work._group.backend.abort(1)
-
-
-def _op(opts):
-    return opts.reduceOp
-
-
-def _unsupported(what: str, fix: str):
-    raise CommUnsupportedError(f"commlib process group: {what} is not supported. Fix: {fix}.")
+    get_world_group().backend.abort(1)
 
 
 class ProcessGroupCommlib(dist.ProcessGroup):
@@ -154,29 +146,25 @@ class ProcessGroupCommlib(dist.ProcessGroup):
     def group_desc(self) -> str:
         return self._group_desc
 
-    @property
-    def _g(self):
-        return self.group
-
     def __repr__(self) -> str:
         return f"ProcessGroupCommlib(rank {self.rank()} of {self.size()}, {self.group.name!r})"
 
     # ----- collectives ---------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
-        op = _op(opts) if opts is not None else dist.ReduceOp.SUM
-        return _Work([_c.all_reduce(t, op, group=self._g, async_op=True) for t in tensors],
+        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        return _Work([_c.all_reduce(t, op, group=self.group, async_op=True) for t in tensors],
                      tensors)
 
     def broadcast(self, tensors, opts):
-        return _Work([_c.broadcast(t, group=self._g, async_op=True, group_src=opts.rootRank)
+        return _Work([_c.broadcast(t, group=self.group, async_op=True, group_src=opts.rootRank)
                       for t in tensors], tensors)
 
     def reduce(self, tensors, opts):
-        return _Work([_c.reduce(t, op=opts.reduceOp, group=self._g, async_op=True,
+        return _Work([_c.reduce(t, op=opts.reduceOp, group=self.group, async_op=True,
                                 group_dst=opts.rootRank) for t in tensors], tensors)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
-        works = [_c.all_gather(out, inp, group=self._g, async_op=True)
+        works = [_c.all_gather(out, inp, group=self.group, async_op=True)
                  for out, inp in zip(output_tensors, input_tensors)]
         return _Work(works, output_tensors)
 
@@ -184,75 +172,75 @@ class ProcessGroupCommlib(dist.ProcessGroup):
         return self.allgather(output_lists, input_list, opts)
 
     def all_gather_single(self, output, input, opts=None):
-        return _Work([_c.all_gather_into_tensor(output, input, group=self._g, async_op=True)],
+        return _Work([_c.all_gather_into_tensor(output, input, group=self.group, async_op=True)],
                      [output])
 
     _allgather_base = all_gather_single
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
-        works = [_c.all_gather_into_tensor(o, i, group=self._g, async_op=True)
+        works = [_c.all_gather_into_tensor(o, i, group=self.group, async_op=True)
                  for o, i in zip(outputs, inputs)]
         return _Work(works, outputs)
 
     def reduce_scatter(self, output_tensors, input_lists, opts):
-        works = [_c.reduce_scatter(out, inputs, opts.reduceOp, group=self._g, async_op=True)
+        works = [_c.reduce_scatter(out, inputs, opts.reduceOp, group=self.group, async_op=True)
                  for out, inputs in zip(output_tensors, input_lists)]
         return _Work(works, output_tensors)
 
     def reduce_scatter_single(self, output, input, opts):
-        return _Work([_c.reduce_scatter_tensor(output, input, opts.reduceOp, group=self._g,
+        return _Work([_c.reduce_scatter_tensor(output, input, opts.reduceOp, group=self.group,
                                                async_op=True)], [output])
 
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
-        works = [_c.reduce_scatter_tensor(o, i, opts.reduceOp, group=self._g, async_op=True)
+        works = [_c.reduce_scatter_tensor(o, i, opts.reduceOp, group=self.group, async_op=True)
                  for o, i in zip(outputs, inputs)]
         return _Work(works, outputs)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes,
                           opts=None):
         work = _c.all_to_all_single(output, input, list(output_split_sizes) or None,
-                                    list(input_split_sizes) or None, group=self._g,
+                                    list(input_split_sizes) or None, group=self.group,
                                     async_op=True)
         return _Work([work], [output])
 
     alltoall_base = all_to_all_single
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
-        return _Work([_c.all_to_all(output_tensors, input_tensors, group=self._g, async_op=True)],
+        return _Work([_c.all_to_all(output_tensors, input_tensors, group=self.group, async_op=True)],
                      output_tensors)
 
     def gather(self, output_lists, input_tensors, opts):
         out = output_lists[0] if self.rank() == opts.rootRank else None
-        return _Work([_c.gather(input_tensors[0], out, group=self._g, async_op=True,
+        return _Work([_c.gather(input_tensors[0], out, group=self.group, async_op=True,
                                 group_dst=opts.rootRank)], output_lists)
 
     def scatter(self, output_tensors, input_lists, opts):
         inp = input_lists[0] if self.rank() == opts.rootRank else None
-        return _Work([_c.scatter(output_tensors[0], inp, group=self._g, async_op=True,
+        return _Work([_c.scatter(output_tensors[0], inp, group=self.group, async_op=True,
                                  group_src=opts.rootRank)], output_tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
-        op = _op(opts) if opts is not None else dist.ReduceOp.SUM
-        return _Work([_c.all_reduce_coalesced(tensors, op, group=self._g, async_op=True)],
+        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        return _Work([_c.all_reduce_coalesced(tensors, op, group=self.group, async_op=True)],
                      tensors)
 
     def barrier(self, opts=None):
-        return _Work([_c.barrier(group=self._g, async_op=True)], [])
+        return _Work([_c.barrier(group=self.group, async_op=True)], [])
 
     # ----- point-to-point ------------------------------------------------------------------
     def send(self, tensors, dst: int, tag: int):
-        return _Work([_p2p.isend(t, group=self._g, tag=tag, group_dst=dst) for t in tensors],
+        return _Work([_p2p.isend(t, group=self.group, tag=tag, group_dst=dst) for t in tensors],
                      tensors)
 
     def recv(self, tensors, src: int, tag: int):
-        return _Work([_p2p.irecv(t, group=self._g, tag=tag, group_src=src) for t in tensors],
+        return _Work([_p2p.irecv(t, group=self.group, tag=tag, group_src=src) for t in tensors],
                      tensors)
 
     def recv_anysource(self, tensors, tag: int):
-        works = [_p2p.irecv(t, group=self._g, tag=tag) for t in tensors]
-        return _AnySourceWork(works, tensors, self._g)
+        works = [_p2p.irecv(t, group=self.group, tag=tag) for t in tensors]
+        return _AnySourceWork(works, tensors, self.group)
 
     # ----- life ----------------------------------------------------------------------------
     def shutdown(self) -> None:
