@@ -109,6 +109,17 @@ def test_p2p_algorithms_over_torch(n):
             assert f"{coll}:{algo}" in out, (coll, algo, out)
 
 
+def test_p2p_stress_at_4_ranks():
+    """Issue 22's flaky hang: blocking collectives over gloo point-to-point at 4 ranks on 2 cores
+    spun on transfers only gloo's and commlib's waiter threads complete, and one in ~15 runs of
+    the algorithm test ran an operation past the 60 s timeout. 200 rounds of the internal-channel
+    case plus a point-to-point algorithm take ~13 s here with the fix, and took over 190 s (never
+    finished) before it: the hard timeout of 120 s catches a return of the spin."""
+    out = run_torch(4, ["case_p2p_stress"], timeout=120, TORCH_CASES_STRESS_ROUNDS="200")
+    assert "stress: 200 rounds over" in out, out
+    assert "ok case_p2p_stress (world size 4)" in out, out
+
+
 # ----- in this process: errors and tables ------------------------------------------------------
 def test_init_without_environment_says_how(monkeypatch):
     import torch.distributed as dist

@@ -126,6 +126,12 @@ class Backend:
         """Block until every handle has completed (no timeout)."""
         raise NotImplementedError
 
+    def idle(self, handles: list, seconds: float) -> bool:
+        """Block up to ``seconds`` until one of ``handles`` may have completed, without spinning,
+        where the engine can (a handle another thread completes); True if it blocked. The default
+        cannot: a blocking call's poll loop then yields the core instead."""
+        return False
+
     def source_of(self, handle) -> int | None:
         """For a completed ``irecv(..., peer=None)``: the rank the message came from."""
         return None

@@ -356,6 +356,15 @@ class TorchBackend(Backend):
             else:
                 h.wait()
 
+    def idle(self, handles: list, seconds: float) -> bool:
+        # A gloo transfer completes on its waiter thread: block on its event rather than spin,
+        # which would only take the core (and the GIL) from the threads that complete it.
+        for h in handles:
+            if isinstance(h, _P2P) and not h.done and h.event is not None:
+                h.event.wait(seconds)
+                return True
+        return False
+
     def source_of(self, handle) -> int | None:
         if isinstance(handle, _P2P):
             return handle.source()

@@ -4,8 +4,11 @@ Every operation is a generator that yields lists of backend handles and finishes
 (copy-back, AVG division) after the last one. Two things advance them:
 
 * :func:`drive`, in the caller's thread, completes a blocking call or ``Work.wait()``: it polls
-  ``backend.test``, with a ``sched_yield`` every few polls (a pure spin starves the other ranks
-  when they outnumber the cores), checking the deadline every 64 polls, so a stuck operation
+  ``backend.test``, and every few polls blocks in ``backend.idle`` where the engine can wait
+  without spinning (a gloo transfer, which its waiter thread completes: spinning there took the
+  cores and the GIL from the threads that complete it, and 4 ranks on 2 cores then ran blocking
+  collectives up to 20x slower, past the timeout) or else calls ``sched_yield`` (a pure spin
+  starves the other ranks when they outnumber the cores), checking the deadline every 64 polls, so a stuck operation
   becomes ``CommTimeoutError`` naming the op, the group and its sequence number; with no timeout
   and nothing else pending it blocks in the engine instead. While one operation waits, every
   other pending asynchronous operation is advanced too, so ranks that wait on asynchronous
@@ -65,6 +68,7 @@ __all__ = ["Work", "completed_work", "drive", "set_progress", "shutdown", "start
 log = logging.getLogger("commlib")
 _yield = os.sched_yield if hasattr(os, "sched_yield") else (lambda: time.sleep(0))
 _clock = time.monotonic
+_IDLE_S = 0.005  # longest block in the engine between polls (other pending works, the deadline)
 
 # Outstanding asynchronous works of every group, in issue order.
 _PENDING: list["Work"] = []
@@ -114,7 +118,7 @@ def _drive(gen, handles, group, what: str, seq: int, limit: float | None, me):
                 handles = gen.send(None)
         deadline = None
         polls = 0
-        test = backend.test
+        test, idle = backend.test, backend.idle
         while True:
             if test(handles):
                 if gen is None:
@@ -137,10 +141,12 @@ def _drive(gen, handles, group, what: str, seq: int, limit: float | None, me):
                     deadline = now + limit
                 elif now > deadline:
                     _expire(group, what, seq, limit)
-            # Every 4th poll, give the core away: when ranks outnumber cores, the peer this rank
-            # waits for may need it (measured: yielding every poll costs ~4% at 64 KiB, never
-            # yielding costs 500x when oversubscribed).
-            _yield()
+            # Every 4th poll, block in the engine where it can wait without spinning, else give
+            # the core away: when ranks outnumber cores, the peer this rank waits for may need it
+            # (measured: yielding every poll costs ~4% at 64 KiB, never yielding costs 500x when
+            # oversubscribed).
+            if not idle(handles, _IDLE_S):
+                _yield()
     except StopIteration as done:
         return done.value
     except BaseException:

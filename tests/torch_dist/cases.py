@@ -508,6 +508,25 @@ def case_p2p_algorithms():
         print("algorithms: " + " ".join(ran), flush=True)
 
 
+def case_p2p_stress():
+    """The torch engine's point-to-point, many times in one job (issue 22's flaky hang: a
+    blocking collective on gloo once ran past the 60 s timeout at 4 ranks on 2 cores): the
+    internal-channel case and one point-to-point algorithm of one collective per round,
+    ``TORCH_CASES_STRESS_ROUNDS`` rounds (default 200)."""
+    from commlib.algorithms import COLLECTIVES, algorithm_names
+
+    p2p = [(coll, algo) for coll in COLLECTIVES if coll != "barrier"
+           for algo in algorithm_names(coll)
+           if algo != "native" and not algo.startswith(("shm", "cuda_ipc"))]
+    rounds = int(os.environ.get("TORCH_CASES_STRESS_ROUNDS", "200"))
+    for i in range(rounds):
+        case_internal_channel()
+        coll, algo = p2p[i % len(p2p)]
+        _run_collective(coll, algo, torch.float32, salt=i)
+    if commlib.get_rank() == 0:
+        print(f"stress: {rounds} rounds over {len(p2p)} algorithms", flush=True)
+
+
 if __name__ == "__main__":
     if os.environ.get("TORCH_CASES_PREINIT") == "1":
         dist.init_process_group("gloo", init_method="env://")
