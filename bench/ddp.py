@@ -1,0 +1,459 @@
+"""DistributedDataParallel on the torch.distributed backend "commlib" against "gloo": step time,
+the share of gradient communication hidden behind the backward pass, and the parameters checked.
+
+Run under ``mpiexec`` (one host) or across hosts (the multi-host cluster of docs/overlap.md)::
+
+    mpiexec -n 2 .venv/bin/python bench/ddp.py                       # both models
+    mpiexec -n 4 .venv/bin/python bench/ddp.py --models mlp --rounds 7 --json ddp.json
+    vcluster mpirun -n 2 -ppn 1 -- python bench/ddp.py
+
+One job, two process groups over the same ranks: the default group is commlib's
+(``init_process_group("commlib")``) and ``new_group(backend="gloo")`` gives gloo's, so every
+configuration trains its own copy of one model (same initial parameters, same data: each rank
+its own fixed batch) in the same processes. Configurations, per model:
+
+* ``commlib``: ``DDP(model)`` on the commlib group with DDP's default buckets
+  (``bucket_cap_mb=None``: 25 MiB, the first, last layers' bucket 1 MiB);
+* ``commlib-tuned``: the same with ``bucket_cap_mb`` from commlib's cost model
+  (``ddp_bucket_mb``, where commlib has it; else the row is left out, saying why);
+* ``gloo``: ``DDP(model, process_group=gloo_group)``, default buckets;
+* ``compute``: the same model without DDP, no communication: the reference.
+
+A step is ``zero_grad``, forward, an MSE loss, backward and an SGD update. Each round times
+``--steps`` steps of every configuration back to back (after one untimed step of the same one),
+the order rotating every round and reversed every other cycle, so the host's noise falls on all
+alike; before each round the ranks wait out the host's slow phases (``bench/_quiet.py``) and
+other work on the cores (:class:`CpuGate`). Times are the slowest rank's, per step, the median
+over rounds; ``gloo/this`` is the median over rounds of each round's ratio.
+
+``comm alone``: the all-reduces DDP issues in one step, without compute: one blocking
+``all_reduce`` per bucket of the sizes DDP built (read from DDP after its bucket rebuild), on the
+configuration's own group, timed in the same rounds. ``hidden`` = (comm alone + compute - step) /
+comm alone, clipped to [0, 1], per round, then the median: the share of the communication the
+step did not pay for. DDP's own work (copying gradients into its buckets and back) counts as
+communication not hidden.
+
+After the rounds, every DDP copy's parameters must agree with gloo's to 1e-5 relative (and be the
+same on every rank): ``#wrong`` counts the elements that do not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import sys
+import time
+import warnings
+
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import commlib
+import commlib.torch_backend
+from _harness import rank0_out, timed_slowest, write_json
+from _quiet import quiet_for, quiet_summary
+
+torch.set_num_threads(1)
+COMM = MPI.COMM_WORLD
+GOAL_SPEEDUP = 1.5    # issue 21: gloo / commlib step time, one host, communication-heavy model
+GOAL_HIDDEN = 0.6     # across hosts: share of the gradient all-reduces hidden behind backward
+RTOL = 1e-5           # parameters of every DDP copy against gloo's after the same steps
+DDP_ROWS = ("commlib", "commlib-tuned", "gloo")
+ROWS = DDP_ROWS + ("compute",)
+
+
+# ----- models -------------------------------------------------------------------------------
+class Model:
+    """A model, its fixed per-rank batch and loss: what every configuration trains a copy of."""
+
+    def __init__(self, name: str, module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+                 what: str):
+        self.name, self.module, self.x, self.y, self.what = name, module, x, y, what
+        self.params = sum(p.numel() for p in module.parameters())
+        self.grad_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def mlp(args, rank: int) -> Model:
+    """``--mlp-layers`` Linear(width, width) + ReLU: ~14M parameters at the defaults, a step whose
+    gradients (56 MB) take longer to all-reduce than the backward pass takes to compute them at a
+    small batch: communication-heavy."""
+    g = torch.Generator().manual_seed(1)
+    torch.manual_seed(1)
+    w = args.mlp_width
+    layers = []
+    for i in range(args.mlp_layers):
+        layers.append(torch.nn.Linear(w, w))
+        if i < args.mlp_layers - 1:
+            layers.append(torch.nn.ReLU())
+    gr = torch.Generator().manual_seed(100 + rank)
+    x = torch.randn(args.mlp_batch, w, generator=gr)
+    y = torch.randn(args.mlp_batch, w, generator=gr)
+    del g
+    return Model("mlp", torch.nn.Sequential(*layers), x, y,
+                 f"{args.mlp_layers} x Linear({w}, {w}), batch {args.mlp_batch} per rank")
+
+
+class Transformer(torch.nn.Module):
+    def __init__(self, d: int, heads: int, layers: int):
+        super().__init__()
+        layer = torch.nn.TransformerEncoderLayer(d, heads, 4 * d, dropout=0.0, batch_first=True)
+        with warnings.catch_warnings():  # enable_nested_tensor is off with norm_first... noise
+            warnings.simplefilter("ignore")
+            self.encoder = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = torch.nn.Linear(d, d)
+
+    def forward(self, x):
+        return self.head(self.encoder(x))
+
+
+def transformer(args, rank: int) -> Model:
+    """A small TransformerEncoder (``--tf-layers`` layers of width ``--tf-dim``, 4x FFN, no
+    dropout, so every copy computes the same) and a linear head, on a fixed (batch, seq, dim)."""
+    torch.manual_seed(2)
+    module = Transformer(args.tf_dim, args.tf_heads, args.tf_layers)
+    gr = torch.Generator().manual_seed(200 + rank)
+    shape = (args.tf_batch, args.tf_seq, args.tf_dim)
+    x, y = torch.randn(shape, generator=gr), torch.randn(shape, generator=gr)
+    return Model("transformer", module, x, y,
+                 f"TransformerEncoder {args.tf_layers} layers, d {args.tf_dim}, heads "
+                 f"{args.tf_heads}, input ({args.tf_batch}, {args.tf_seq}, {args.tf_dim}) per rank")
+
+
+MODELS = {"mlp": mlp, "transformer": transformer}
+
+
+# ----- configurations -----------------------------------------------------------------------
+def tuned_bucket_mb(module, group):
+    """commlib's proposed ``bucket_cap_mb`` for ``module`` on the commlib process group
+    ``group``, and where it came from; or None and why not."""
+    for where in ("tuning", "torch_backend"):
+        fn = getattr(getattr(commlib, where, None), "ddp_bucket_mb", None)
+        if fn is not None:
+            try:
+                return fn(module, group), f"commlib.{where}.ddp_bucket_mb"
+            except (TypeError, commlib.CommError) as exc:  # another signature than this bench's
+                return None, f"commlib.{where}.ddp_bucket_mb(module, None) failed: {exc}"
+    return None, "commlib has no ddp_bucket_mb (commlib.tuning nor commlib.torch_backend)"
+
+
+class Config:
+    """One row: a copy of the model, how a step runs it, and the bucket sizes it all-reduces."""
+
+    def __init__(self, name: str, model: Model, group=None, bucket_cap_mb=None, ddp=True):
+        self.name, self.model, self.group = name, model, group
+        self.module = copy.deepcopy(model.module)
+        self.net = (DDP(self.module, process_group=group, bucket_cap_mb=bucket_cap_mb)
+                    if ddp else self.module)
+        self.opt = torch.optim.SGD(self.module.parameters(), lr=1e-3)
+        self.bucket_cap_mb = bucket_cap_mb
+        self.buckets: list[int] = []  # bytes of each bucket, filled after the warm-up
+        self.samples: dict[str, list[float]] = {"step": [], "comm": []}
+
+    def step(self) -> None:
+        self.opt.zero_grad(set_to_none=False)
+        loss = torch.nn.functional.mse_loss(self.net(self.model.x), self.model.y)
+        loss.backward()
+        self.opt.step()
+
+    def steps(self, k: int):
+        def run():
+            for _ in range(k):
+                self.step()
+        return run
+
+    def read_buckets(self) -> None:
+        """The bucket sizes DDP all-reduces (after its rebuild in the first steps), in bytes."""
+        if not isinstance(self.net, DDP):
+            return
+        data = self.net._get_ddp_logging_data()
+        text = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes") or ""
+        self.buckets = [int(s) for s in str(text).split(",") if s.strip()]
+        if not self.buckets:  # older torch: from the parameters, DDP's rule with the cap
+            self.buckets = [self.model.grad_bytes]
+        self.bufs = [torch.ones(n // 4) for n in self.buckets]
+
+    def comm_alone(self, k: int):
+        """``k`` times: one blocking all_reduce per bucket, on this configuration's group."""
+        group = self.group
+
+        def run():
+            for _ in range(k):
+                for b in self.bufs:
+                    dist.all_reduce(b, group=group)
+        return run
+
+
+def configs_for(model: Model, gloo) -> tuple[list[Config], str]:
+    cfgs = [Config("commlib", model)]
+    mb, why = tuned_bucket_mb(model.module, None)
+    if mb is not None:
+        cfgs.append(Config("commlib-tuned", model, bucket_cap_mb=mb))
+        note = f"commlib-tuned: bucket_cap_mb {mb:.3g} from {why}"
+    else:
+        note = f"commlib-tuned: left out: {why}"
+    cfgs += [Config("gloo", model, group=gloo), Config("compute", model, ddp=False)]
+    return cfgs, note
+
+
+# ----- the check ----------------------------------------------------------------------------
+def wrong_elements(a: torch.nn.Module, b: torch.nn.Module) -> int:
+    """Elements of ``a``'s parameters farther than RTOL (relative to the tensor's largest
+    magnitude) from ``b``'s on this rank, plus those that differ between ranks."""
+    wrong = 0
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+        p, q = p.detach(), q.detach()
+        scale = q.abs().max().clamp_min(1e-30)
+        wrong += int(((p - q).abs() > RTOL * scale).sum())
+        # the same on every rank (DDP's invariant): the elementwise max and min over ranks agree
+        hi, lo = p.clone().numpy(), p.clone().numpy()
+        COMM.Allreduce(MPI.IN_PLACE, hi, op=MPI.MAX)
+        COMM.Allreduce(MPI.IN_PLACE, lo, op=MPI.MIN)
+        wrong += int((torch.from_numpy(hi) != torch.from_numpy(lo)).sum())
+    return COMM.allreduce(wrong, op=MPI.SUM)
+
+
+# ----- one model ----------------------------------------------------------------------------
+class CpuGate:
+    """Waits, before a round, while the cores are busy with other work: every rank times a loop
+    of matmuls at once (a few ms: longer than the scheduler's time slice; the fastest of 3, the
+    slowest rank's) and all wait while it runs more than ``slack`` times the fastest seen, up to
+    ``patience`` seconds. bench/_quiet.py's MPI
+    canaries catch the host's slow links between cores, not another job taking the cores
+    (measured: whole rounds 1.8-2.2x slower, compute alone too, with the canaries passing)."""
+
+    def __init__(self, patience: float, slack: float = 1.25):
+        g = torch.Generator().manual_seed(3)
+        self.a, self.b = torch.randn(256, 256, generator=g), torch.randn(256, 256, generator=g)
+        self.patience, self.slack = patience, slack
+        self.best, self.waited, self.gave_up = float("inf"), 0.0, 0
+        # More ranks than cores on one machine (network namespaces, as the vcluster's hosts, share
+        # its cores and boot id): the canary would time the job's own ranks taking turns (4 ranks
+        # on 2 cores: 11-23 ms for 7 ms of work, no quiet phase to wait for). No gate then.
+        ranks = COMM.allgather(_machine_id()).count(_machine_id())
+        cores = len(os.sched_getaffinity(0))
+        self.off = (f"{ranks} ranks on {cores} cores of this machine, the canary would time the "
+                    f"job's own ranks" if ranks > cores else None)
+        if COMM.allreduce(self.off is not None, op=MPI.LOR):
+            self.off = self.off or "more ranks than cores on another machine of the job"
+            self.patience = 0
+
+    def canary(self) -> float:
+        def run():
+            for _ in range(20):
+                torch.mm(self.a, self.b)
+        return min(timed_slowest(run, COMM) for _ in range(3))
+
+    def wait(self) -> None:
+        if self.patience <= 0:
+            return
+        t0 = time.perf_counter()
+        while True:
+            c = self.canary()
+            self.best = min(self.best, c)
+            if c <= self.slack * self.best:
+                break
+            if time.perf_counter() - t0 > self.patience:
+                self.gave_up += 1
+                break
+            time.sleep(0.5)
+        self.waited += time.perf_counter() - t0
+
+    def summary(self) -> str:
+        if self.off:
+            return f"# busy cores: not checked ({self.off})"
+        if self.best == float("inf"):
+            return "# busy cores: not checked (--patience 0)"
+        return (f"# busy cores: waited {self.waited:.1f} s in all; canary (20 matmuls 256x256) best "
+                f"{self.best * 1e3:.2f} ms; measured anyway after {self.patience:.0f} s: "
+                f"{self.gave_up} round(s)")
+
+
+def _machine_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return MPI.Get_processor_name()
+
+
+def order_of(k: int, names: list[str]) -> list[str]:
+    n = len(names)
+    order = names[k % n:] + names[:k % n]
+    return order[::-1] if (k // n) % 2 else order
+
+
+def hidden_share(comm: float, compute: float, step: float) -> float:
+    """The share of ``comm`` (the all-reduces alone) a step of ``step`` did not pay for beyond
+    ``compute``, clipped to [0, 1]."""
+    return min(1.0, max(0.0, (comm + compute - step) / comm))
+
+
+def run_model(model: Model, gloo, args, out, cpu: CpuGate) -> dict:
+    cfgs, note = configs_for(model, gloo)
+    by = {c.name: c for c in cfgs}
+    out(f"# {model.name}: {model.what}; {model.params / 1e6:.2f}M parameters, "
+        f"{model.grad_bytes / 2**20:.1f} MiB of float32 gradients")
+    out(f"# {note}")
+    for c in cfgs:  # warm-up; DDP rebuilds its buckets (in gradient order) at its third step
+        c.steps(max(args.warmup, 3))()
+        c.read_buckets()
+    for c in cfgs:
+        if c.buckets:
+            out(f"#   {c.name:>13} buckets: {len(c.buckets)}, "
+                + ", ".join(f"{n / 2**20:.2f}" for n in c.buckets) + " MiB")
+    quiet = quiet_for(COMM, args.patience)
+    names = [c.name for c in cfgs]
+    for k in range(args.rounds):
+        quiet.wait()
+        cpu.wait()
+        for name in order_of(k, names):
+            c = by[name]
+            c.step()  # settle: the one before left caches and threads in its own state
+            c.samples["step"].append(timed_slowest(c.steps(args.steps), COMM) / args.steps)
+            if c.buckets:
+                c.comm_alone(1)()
+                c.samples["comm"].append(timed_slowest(c.comm_alone(args.steps), COMM)
+                                         / args.steps)
+    wrong = {c.name: wrong_elements(c.module, by["gloo"].module)
+             for c in cfgs if c.name in DDP_ROWS}
+    compute_rounds = by["compute"].samples["step"]
+    gloo_rounds = by["gloo"].samples["step"]
+    compute = statistics.median(compute_rounds)
+    rows = []
+    out(f"# {'config':>13} | {'step ms':>8} | {'gloo/this':>9} | {'comm alone ms':>13} | "
+        f"{'compute ms':>10} | {'hidden':>6} | {'#wrong':>6}")
+    for c in cfgs:
+        step = statistics.median(c.samples["step"])
+        comm = statistics.median(c.samples["comm"]) if c.samples["comm"] else None
+        # ratios and hidden shares per round (the configurations of one round ran within
+        # seconds of each other), then the median: a busy phase moves a round's all alike
+        ratio = statistics.median(g / s for g, s in zip(gloo_rounds, c.samples["step"]))
+        hidden = None if comm is None else statistics.median(
+            hidden_share(*x) for x in zip(c.samples["comm"], compute_rounds, c.samples["step"]))
+        row = {"config": c.name, "step_s": step, "rounds_s": c.samples["step"],
+               "gloo_over_this": ratio, "comm_alone_s": comm,
+               "comm_rounds_s": c.samples["comm"], "compute_s": compute, "hidden": hidden,
+               "bucket_cap_mb": c.bucket_cap_mb, "buckets": c.buckets,
+               "wrong": wrong.get(c.name)}
+        rows.append(row)
+        out(f"  {c.name:>13} | {step * 1e3:8.2f} | {ratio:8.2f}x | "
+            f"{'-' if comm is None else f'{comm * 1e3:.2f}':>13} | {compute * 1e3:10.2f} | "
+            f"{'-' if hidden is None else f'{100 * hidden:.0f}%':>6} | "
+            f"{'-' if row['wrong'] is None else row['wrong']:>6}")
+    return {"model": model.name, "what": model.what, "params": model.params,
+            "grad_bytes": model.grad_bytes, "tuned": note, "rows": rows}
+
+
+def goals(results: list[dict], hosts: int) -> list[str]:
+    """The issue's goals as PASS/MISS lines (no assert: the numbers are the host's too)."""
+    def commlib_rows(r):
+        return [x for x in r["rows"] if x["config"].startswith("commlib")]
+
+    lines = []
+    heavy = [r for r in results if r["model"] == "mlp"]
+    if hosts == 1 and heavy:
+        by = {x["config"]: x["gloo_over_this"] for x in commlib_rows(heavy[0])}
+        tuned = (f" (commlib-tuned: {by['commlib-tuned']:.2f}x)" if "commlib-tuned" in by
+                 else "")
+        lines.append(f"# goal: commlib >= {GOAL_SPEEDUP}x faster than gloo (one host, comm-heavy "
+                     f"model): gloo/commlib {by['commlib']:.2f}x{tuned} "
+                     f"{'PASS' if by['commlib'] >= GOAL_SPEEDUP else 'MISS'}")
+    else:
+        lines.append(f"# goal: commlib >= {GOAL_SPEEDUP}x faster than gloo (one host, comm-heavy "
+                     f"model): n/a ({'across hosts' if hosts > 1 else 'no mlp run'})")
+    worst = min(((x["gloo_over_this"], f"{r['model']} {x['config']}")
+                 for r in results for x in commlib_rows(r)), default=None)
+    if worst:
+        lines.append(f"# goal: not slower than gloo anywhere: worst gloo/commlib {worst[0]:.2f}x "
+                     f"({worst[1]}) {'PASS' if worst[0] >= 1.0 else 'MISS'}")
+    if hosts > 1:
+        low = min(((x["hidden"], f"{r['model']} {x['config']}") for r in results
+                   for x in commlib_rows(r) if x["hidden"] is not None), default=None)
+        if low:
+            lines.append(f"# goal: on the vcluster >= {GOAL_HIDDEN:.0%} hidden: lowest "
+                         f"{low[0]:.0%} ({low[1]}) {'PASS' if low[0] >= GOAL_HIDDEN else 'MISS'}")
+    else:
+        lines.append(f"# goal: on the vcluster >= {GOAL_HIDDEN:.0%} hidden: n/a (one host)")
+    return lines
+
+
+# ----- main ---------------------------------------------------------------------------------
+def start(args):
+    """commlib on MPI, torch.distributed's default group on commlib, and a gloo group over the
+    same ranks. Returns the gloo group."""
+    commlib.init()
+    # the rendezvous host: MASTER_ADDR, a vcluster job's head, or (one host) this machine
+    head = os.environ.get("VCLUSTER_HEAD")
+    if head:
+        os.environ.setdefault("MASTER_ADDR", head)
+    elif len(set(COMM.allgather(MPI.Get_processor_name()))) == 1:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    commlib.torch_backend.mpi_environment()
+    warnings.filterwarnings("ignore", category=FutureWarning, module="torch")
+    dist.init_process_group("commlib")
+    return dist.new_group(backend="gloo")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default="mlp,transformer",
+                    help="comma-separated: mlp, transformer")
+    ap.add_argument("--mlp-width", type=int, default=1536)
+    ap.add_argument("--mlp-layers", type=int, default=6)
+    ap.add_argument("--mlp-batch", type=int, default=16)
+    ap.add_argument("--tf-dim", type=int, default=256)
+    ap.add_argument("--tf-heads", type=int, default=4)
+    ap.add_argument("--tf-layers", type=int, default=4)
+    ap.add_argument("--tf-seq", type=int, default=64)
+    ap.add_argument("--tf-batch", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=5, help="timed steps per configuration and round")
+    ap.add_argument("--warmup", type=int, default=3,
+                    help="untimed steps before the rounds (at least 3: DDP's bucket rebuild)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--patience", type=float, default=60.0,
+                    help="seconds to wait out a slow phase of the host before a round (0: none)")
+    ap.add_argument("--json", default=None, help="write the rows and options as JSON")
+    args = ap.parse_args(argv)
+    names = [m.strip() for m in args.models.split(",") if m.strip()]
+    bad = [m for m in names if m not in MODELS]
+    if bad or not names or min(args.steps, args.rounds, args.warmup) < 1:
+        if COMM.rank == 0:
+            print(f"bench/ddp.py: --models takes {', '.join(MODELS)} (got {args.models!r}); "
+                  f"--steps, --rounds and --warmup must be >= 1", file=sys.stderr)
+        return 2
+
+    gloo = start(args)
+    rank = dist.get_rank()
+    out = rank0_out(rank)
+    hosts = len(set(COMM.allgather(MPI.Get_processor_name())))
+    out(f"# bench/ddp.py: {COMM.size} ranks on {hosts} host(s), torch {torch.__version__}, "
+        f"{torch.get_num_threads()} thread per rank, {os.cpu_count()} cores; DDP on "
+        f"'{dist.get_backend()}' (commlib engine {commlib.get_world_group().backend.name}) and "
+        f"'gloo'; slowest rank, median of {args.rounds} rounds of {args.steps} steps")
+    cpu = CpuGate(args.patience)
+    results = [run_model(MODELS[m](args, rank), gloo, args, out, cpu) for m in names]
+    wrong_total = sum(x["wrong"] or 0 for r in results for x in r["rows"])
+    out(f"# wrong parameters (every DDP copy against gloo's, rtol {RTOL:g}, and across ranks): "
+        f"{wrong_total} {'OK' if wrong_total == 0 else 'FAILED'}")
+    out(quiet_summary(COMM))
+    out(cpu.summary())
+    lines = goals(results, hosts)
+    for line in lines:
+        out(line)
+    if rank == 0 and args.json:
+        write_json(args.json, {"bench": "ddp", "nranks": COMM.size, "hosts": hosts,
+                               "models": results, "wrong_total": wrong_total, "goals": lines},
+                   args, out)
+    COMM.Barrier()
+    dist.destroy_process_group()
+    commlib.finalize()
+    return 1 if wrong_total else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
