@@ -110,7 +110,7 @@ def _both(issue, wait, mm: Matmuls):
     return run
 
 
-def hide_point(nbytes: int, mm: Matmuls, dist, rounds: int, quiet) -> dict:
+def hide_point(nbytes: int, mm: Matmuls, dist, rounds: int, quiet, share: float = 1.0) -> dict:
     x = torch.ones(nbytes // 4)
     impls = _impls(x, dist)
     results = {name: {"comm": [], "compute": [], "both": []} for name in impls}
@@ -120,7 +120,7 @@ def hide_point(nbytes: int, mm: Matmuls, dist, rounds: int, quiet) -> dict:
     set_progress("auto")
     comm_time = statistics.median(timed(lambda: impls["commlib"][1](impls["commlib"][0]()))
                                   for _ in range(3))
-    mm.fit(comm_time)
+    mm.fit(share * comm_time)
     names = list(impls)
     for i in range(rounds):
         quiet.wait()  # not in one of the host's slow phases (bench/_quiet.py)
@@ -150,13 +150,14 @@ def hide_point(nbytes: int, mm: Matmuls, dist, rounds: int, quiet) -> dict:
 def part_hide(args, dist, out) -> None:
     mm = Matmuls(args.dim)
     out(f"# hide: float32 all-reduce issued async_op=True before a loop of {args.dim}x{args.dim} "
-        f"matmuls of about its length ({mm.one * 1e3:.2f} ms each); slowest rank, median of "
+        f"matmuls of {args.compute_share:g}x its length ({mm.one * 1e3:.2f} ms each); slowest "
+        f"rank, median of "
         f"{args.rounds} rounds")
     out(f"# {'size':>8} {'impl':>13} | {'comm ms':>8} | {'compute ms':>10} | {'both ms':>8} | "
         f"{'hidden':>6} | goal (both <= longer + 20% shorter)")
     size, quiet = args.b, quiet_for(COMM, args.patience)
     while size <= args.e:
-        table = hide_point(size, mm, dist, args.rounds, quiet)
+        table = hide_point(size, mm, dist, args.rounds, quiet, args.compute_share)
         ratios = table.pop("paired")
         for name, r in table.items():
             out(f"  {fmt_bytes(size):>8} {name:>13} | {r['comm'] * 1e3:8.2f} | "
@@ -232,6 +233,9 @@ def main() -> None:
     ap.add_argument("-f", type=int, default=4, help="size factor between points")
     ap.add_argument("--dim", type=int, default=512, help="matmul size of the hide loop")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--compute-share", type=float, default=1.0,
+                    help="the hide loop's length over the all-reduce's (the issue's own example: "
+                         "0.8, a 116 ms matmul against a 144 ms all-reduce)")
     ap.add_argument("--no-gloo", action="store_true", help="leave out torch.distributed gloo")
     ap.add_argument("--patience", type=float, default=60.0,
                     help="seconds to wait out a slow phase of the host before a round (0: none)")
