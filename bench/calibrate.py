@@ -179,7 +179,7 @@ def main(argv=None) -> int:
     out = args.out or str(tuning_path())
     if args.if_missing:
         layout = group.resources.layout
-        entry = entry_key(group.backend.name, p, len(layout.hosts) if layout.spans_hosts else 1)
+        entry = entry_key(group.backend.name, p, layout.host_count)
         if os.path.exists(out) and entry in load(out)["groups"]:
             if rank == 0:
                 print(f"# commlib calibration: {out} already has {entry}; nothing to do")
@@ -187,7 +187,7 @@ def main(argv=None) -> int:
             return 0
 
     layout = group.resources.layout
-    hosts = len(layout.hosts) if layout.spans_hosts else 1
+    hosts = layout.host_count  # one rank on each of 2 hosts is mpi/2@2, not the one-host mpi/2
     key = entry_key(group.backend.name, p, hosts)
     links: dict[str, dict[int, float]] = {}
     if p > 1 and hosts == 1:

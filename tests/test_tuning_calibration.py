@@ -41,6 +41,26 @@ def test_entries_merge_and_the_nearest_size_serves(tmp_path):
     assert native.how == "measured"
 
 
+def test_one_rank_per_host_is_its_own_entry(tmp_path):
+    """2 hosts x 1 rank and 2 ranks on one host are different groups: the first is keyed
+    ``mpi/2@2`` (its link is the one between hosts, ``net``), never the one-host ``mpi/2``. They
+    shared ``mpi/2`` before, and whichever was calibrated last priced the other: the 2D planner
+    then priced the broadcasts inside a host at the network's speed (x0.5 of the measured)."""
+    from commlib.topology.host import HostLayout
+
+    assert HostLayout(((0,), (1,))).host_count == 2 and HostLayout(((0, 1),)).host_count == 1
+    assert not HostLayout(((0,), (1,))).spans_hosts  # no hierarchy to run: still two hosts
+    path = tmp_path / "t.json"
+    save_entry(path, "mpi/2", {"shm": LinkCost(1e-6, 1e-10, 1e-10)}, {})
+    save_entry(path, "mpi/2@2", {"net": LinkCost(2e-5, 8e-9), "net_rails": LinkCost(2e-5, 8e-9)},
+               {"all_reduce": {"native": {8: 5e-5, 1 << 20: 9e-3}}})
+    doc = load(path)
+    across = table_for(doc, "mpi", 2, hosts=2)
+    assert across.link.alpha == 2e-5 and across.link.beta == 8e-9
+    assert across.curves["all_reduce"]["native"](1 << 20) == 9e-3
+    assert table_for(doc, "mpi", 2).link.alpha == 1e-6  # the one-host entry is untouched
+
+
 def test_bad_files_name_the_file(tmp_path, monkeypatch):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")

@@ -65,5 +65,11 @@ class HostLayout:
         return len(self.hosts) > 1 and max(len(h) for h in self.hosts) > 1
 
     @property
+    def host_count(self) -> int:
+        """How many hosts the group's ranks are on (what a tuning file entry is keyed by:
+        ``mpi/2`` on one host, ``mpi/2@2`` for one rank on each of two)."""
+        return len(self.hosts)
+
+    @property
     def ranks_per_host(self) -> int:
         return len(self.hosts[0])

@@ -121,7 +121,7 @@ def table_for(doc: dict | None, backend: str, size: int, hosts: int = 1,
         return None
     if hosts > 1:
         entry = doc.get("groups", {}).get(entry_key(backend, size, hosts))
-        if entry is None or link_class not in entry["links"]:
+        if entry is None or _link(entry, link_class) is None:
             return None
         entries = {size: entry}
     else:
@@ -131,7 +131,7 @@ def table_for(doc: dict | None, backend: str, size: int, hosts: int = 1,
         return None
     nearest = min(entries, key=lambda s: (abs(s - size), s))
     entry = entries[nearest]
-    link = entry["links"].get(link_class)
+    link = _link(entry, link_class)
     if link is None:
         return None
     curves: dict[str, dict[str, Curve]] = {}
@@ -139,6 +139,15 @@ def table_for(doc: dict | None, backend: str, size: int, hosts: int = 1,
         for c, algos in entry.get("curves", {}).items():
             curves[c] = {a: Curve.from_json(pts) for a, pts in algos.items() if len(pts) >= 2}
     return Table(link_from_json(link), curves)
+
+
+def _link(entry: dict, link_class: str):
+    """An entry's link of ``link_class``. With one rank per host (``mpi/2@2``) the group's own
+    link (``shm``, measured inside a host) is the one between hosts, ``net``."""
+    links = entry["links"]
+    if link_class == "shm" and "shm" not in links:
+        return links.get("net")
+    return links.get(link_class)
 
 
 def fit_alpha_beta(points: dict[int, float]) -> tuple[float, float]:

@@ -103,7 +103,7 @@ def _local_table(backend: str, size: int, layout) -> tuple[Table, str]:
     """Rank 0's view: the tuning file's entry for this group's shape (size, hosts), else
     defaults with the probe. Across hosts: intra-host links from the host's own entry if the
     group's has none, and ``net`` defaults where the file has no measured ``net`` link."""
-    hosts = len(layout.hosts) if layout.spans_hosts else 1
+    hosts = layout.host_count
     try:
         doc = load()
     except CommConfigError as exc:  # a broken file must not stop the job: say so, use defaults
@@ -125,7 +125,7 @@ def _local_table(backend: str, size: int, layout) -> tuple[Table, str]:
     if hosts > 1 and layout.uniform:
         per_host = layout.ranks_per_host
         table.local = per_host
-        if "shm" not in links:
+        if "shm" not in links and per_host > 1:
             intra = table_for(doc, backend, per_host)
             if intra is not None:
                 table.link = intra.link
