@@ -57,17 +57,27 @@ class Quiet:
     def wait(self) -> None:
         if self.comm.Get_size() < 2 or self.patience <= 0:
             return
-        t0 = time.perf_counter()
-        while True:
+
+        def quiet() -> bool:
             c, s = self.canary(), self.canary(self.small, 50)
             self.best, self.best_small = min(self.best, c), min(self.best_small, s)
-            if c <= self.slack * self.best and s <= self.slack * self.best_small:
-                break
-            if time.perf_counter() - t0 > self.patience:
-                self.gave_up += 1
-                break
-            time.sleep(0.5)
-        self.waited += time.perf_counter() - t0
+            return c <= self.slack * self.best and s <= self.slack * self.best_small
+
+        waited, gave_up = wait_until(quiet, self.patience)
+        self.waited += waited
+        self.gave_up += gave_up
+
+
+def wait_until(ok, patience: float) -> tuple[float, bool]:
+    """Call ``ok()`` every half second until it returns True or ``patience`` seconds have passed
+    (then measure anyway); returns the seconds waited and whether it gave up. ``ok`` is collective
+    where the gate is (every rank gets the same answer from the slowest rank's canary)."""
+    t0 = time.perf_counter()
+    while not ok():
+        if time.perf_counter() - t0 > patience:
+            return time.perf_counter() - t0, True
+        time.sleep(0.5)
+    return time.perf_counter() - t0, False
 
 
 _QUIET: dict[int, Quiet] = {}

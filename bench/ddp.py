@@ -44,7 +44,6 @@ import copy
 import os
 import statistics
 import sys
-import time
 import warnings
 
 import torch
@@ -55,7 +54,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import commlib
 import commlib.torch_backend
 from _harness import rank0_out, timed_slowest, write_json
-from _quiet import quiet_for, quiet_summary
+from _quiet import quiet_for, quiet_summary, wait_until
 
 torch.set_num_threads(1)
 COMM = MPI.COMM_WORLD
@@ -250,17 +249,15 @@ class CpuGate:
     def wait(self) -> None:
         if self.patience <= 0:
             return
-        t0 = time.perf_counter()
-        while True:
+
+        def free() -> bool:
             c = self.canary()
             self.best = min(self.best, c)
-            if c <= self.slack * self.best:
-                break
-            if time.perf_counter() - t0 > self.patience:
-                self.gave_up += 1
-                break
-            time.sleep(0.5)
-        self.waited += time.perf_counter() - t0
+            return c <= self.slack * self.best
+
+        waited, gave_up = wait_until(free, self.patience)
+        self.waited += waited
+        self.gave_up += gave_up
 
     def summary(self) -> str:
         if self.off:
