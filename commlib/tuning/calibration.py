@@ -11,10 +11,11 @@ Layout (JSON)::
                 "mpi/4": {...}}}
 
 One entry per (backend, group size, hosts): ``mpi/4`` for 4 ranks on one host, ``mpi/4@2`` for 4
-ranks on 2 hosts. A link's α and β are measured with every rank of a group of that size busy (a
-ring shift), so they include the contention of oversubscribed cores, and the engine's collectives
-differ by size. Entries across hosts also hold ``net`` (the link between hosts, one pair crossing)
-and ``net_rails`` (every local rank's pair crossing at once, as in the hierarchical algorithm).
+ranks on 2 hosts, ``mpi/2@2`` for one rank on each of 2 (its group link is ``net``). A link's α
+and β are measured with every rank of a group of that size busy (a ring shift), so they include
+the contention of oversubscribed cores, and the engine's collectives differ by size. Entries
+across hosts also hold ``net`` (the link between hosts, one pair crossing) and ``net_rails``
+(every local rank's pair crossing at once, as in the hierarchical algorithm).
 :func:`load` finds the file: ``COMMLIB_TUNING_FILE``, else the
 per-host cache ``$XDG_CACHE_HOME/commlib/tuning-<host hash>.json`` (``~/.cache`` by default).
 """
