@@ -177,18 +177,15 @@ def main(argv=None) -> int:
         NATIVE_SIZES = [n for n in NATIVE_SIZES if n <= args.max_bytes] or NATIVE_SIZES[:2]
         GAMMA_SIZES = GAMMA_SIZES[:1]
     out = args.out or str(tuning_path())
-    if args.if_missing:
-        layout = group.resources.layout
-        entry = entry_key(group.backend.name, p, layout.host_count)
-        if os.path.exists(out) and entry in load(out)["groups"]:
-            if rank == 0:
-                print(f"# commlib calibration: {out} already has {entry}; nothing to do")
-            commlib.finalize()
-            return 0
-
     layout = group.resources.layout
     hosts = layout.host_count  # one rank on each of 2 hosts is mpi/2@2, not the one-host mpi/2
     key = entry_key(group.backend.name, p, hosts)
+    if args.if_missing and os.path.exists(out) and key in load(out)["groups"]:
+        if rank == 0:
+            print(f"# commlib calibration: {out} already has {key}; nothing to do")
+        commlib.finalize()
+        return 0
+
     links: dict[str, dict[int, float]] = {}
     if p > 1 and hosts == 1:
         links["shm"] = p2p_points(group, comm, target, rounds)
@@ -203,7 +200,9 @@ def main(argv=None) -> int:
             intra = mesh.group("local")
             links["shm"] = p2p_points(intra, intra.backend.comm, target, rounds)
         links["net_rails"] = p2p_points(rail, rail.backend.comm, target, rounds)  # all rails at once
-        if mesh.coordinate("local") == 0:  # one rail alone: a flat algorithm's host crossing
+        if per_host == 1:  # one rank per host: the one rail is all of them
+            links["net"] = links["net_rails"]
+        elif mesh.coordinate("local") == 0:  # one rail alone: a flat algorithm's host crossing
             links["net"] = p2p_points(rail, rail.backend.comm, target, rounds)
         comm.Barrier()
     g = gamma(comm, target, rounds)

@@ -151,8 +151,7 @@ def part_hide(args, dist, out) -> None:
     mm = Matmuls(args.dim)
     out(f"# hide: float32 all-reduce issued async_op=True before a loop of {args.dim}x{args.dim} "
         f"matmuls of {args.compute_share:g}x its length ({mm.one * 1e3:.2f} ms each); slowest "
-        f"rank, median of "
-        f"{args.rounds} rounds")
+        f"rank, median of {args.rounds} rounds")
     out(f"# {'size':>8} {'impl':>13} | {'comm ms':>8} | {'compute ms':>10} | {'both ms':>8} | "
         f"{'hidden':>6} | goal (both <= longer + 20% shorter)")
     size, quiet = args.b, quiet_for(COMM, args.patience)

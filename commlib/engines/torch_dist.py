@@ -361,7 +361,7 @@ class TorchBackend(Backend):
         # which would only take the core (and the GIL) from the threads that complete it.
         for h in handles:
             if isinstance(h, _P2P) and not h.done and h.event is not None:
-                h.event.wait(seconds)
+                h.wait_for(seconds)
                 return True
         return False
 

@@ -10,9 +10,9 @@ Every operation is a generator that yields lists of backend handles and finishes
   collectives up to 20x slower, past the timeout) or else calls ``sched_yield`` (a pure spin
   starves the other ranks when they outnumber the cores), checking the deadline every 64 polls,
   so a stuck operation becomes ``CommTimeoutError`` naming the op, the group and its sequence
-  number; with no timeout and nothing else pending it blocks in the engine instead. While one operation waits, every
-  other pending asynchronous operation is advanced too, so ranks that wait on asynchronous
-  multi-step operations in different orders cannot deadlock.
+  number; with no timeout and nothing else pending it blocks in the engine instead. While one
+  operation waits, every other pending asynchronous operation is advanced too, so ranks that
+  wait on asynchronous multi-step operations in different orders cannot deadlock.
 * the **progress threads** advance pending ``Work``s while the caller's thread computes, so that
   communication issued with ``async_op=True`` overlaps compute (started with the first
   asynchronous operation). ``COMMLIB_PROGRESS=auto``, the default, uses them where they can hide
