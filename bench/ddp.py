@@ -15,7 +15,7 @@ its own fixed batch) in the same processes. Configurations, per model:
 * ``commlib``: ``DDP(model)`` on the commlib group with DDP's default buckets
   (``bucket_cap_mb=None``: 25 MiB, the first, last layers' bucket 1 MiB);
 * ``commlib-tuned``: the same with ``bucket_cap_mb`` from commlib's cost model
-  (``ddp_bucket_mb``, where commlib has it; else the row is left out, saying why);
+  (``commlib.torch_backend.ddp_bucket_mb``);
 * ``gloo``: ``DDP(model, process_group=gloo_group)``, default buckets;
 * ``compute``: the same model without DDP, no communication: the reference.
 
@@ -80,7 +80,6 @@ def mlp(args, rank: int) -> Model:
     """``--mlp-layers`` Linear(width, width) + ReLU: ~14M parameters at the defaults, a step whose
     gradients (56 MB) take longer to all-reduce than the backward pass takes to compute them at a
     small batch: communication-heavy."""
-    g = torch.Generator().manual_seed(1)
     torch.manual_seed(1)
     w = args.mlp_width
     layers = []
@@ -91,7 +90,6 @@ def mlp(args, rank: int) -> Model:
     gr = torch.Generator().manual_seed(100 + rank)
     x = torch.randn(args.mlp_batch, w, generator=gr)
     y = torch.randn(args.mlp_batch, w, generator=gr)
-    del g
     return Model("mlp", torch.nn.Sequential(*layers), x, y,
                  f"{args.mlp_layers} x Linear({w}, {w}), batch {args.mlp_batch} per rank")
 
@@ -126,19 +124,6 @@ MODELS = {"mlp": mlp, "transformer": transformer}
 
 
 # ----- configurations -----------------------------------------------------------------------
-def tuned_bucket_mb(module, group):
-    """commlib's proposed ``bucket_cap_mb`` for ``module`` on the commlib process group
-    ``group``, and where it came from; or None and why not."""
-    for where in ("tuning", "torch_backend"):
-        fn = getattr(getattr(commlib, where, None), "ddp_bucket_mb", None)
-        if fn is not None:
-            try:
-                return fn(module, group), f"commlib.{where}.ddp_bucket_mb"
-            except (TypeError, commlib.CommError) as exc:  # another signature than this bench's
-                return None, f"commlib.{where}.ddp_bucket_mb(module, None) failed: {exc}"
-    return None, "commlib has no ddp_bucket_mb (commlib.tuning nor commlib.torch_backend)"
-
-
 class Config:
     """One row: a copy of the model, how a step runs it, and the bucket sizes it all-reduces."""
 
@@ -187,15 +172,10 @@ class Config:
 
 
 def configs_for(model: Model, gloo) -> tuple[list[Config], str]:
-    cfgs = [Config("commlib", model)]
-    mb, why = tuned_bucket_mb(model.module, None)
-    if mb is not None:
-        cfgs.append(Config("commlib-tuned", model, bucket_cap_mb=mb))
-        note = f"commlib-tuned: bucket_cap_mb {mb:.3g} from {why}"
-    else:
-        note = f"commlib-tuned: left out: {why}"
-    cfgs += [Config("gloo", model, group=gloo), Config("compute", model, ddp=False)]
-    return cfgs, note
+    mb = commlib.torch_backend.ddp_bucket_mb(model.module)
+    cfgs = [Config("commlib", model), Config("commlib-tuned", model, bucket_cap_mb=mb),
+            Config("gloo", model, group=gloo), Config("compute", model, ddp=False)]
+    return cfgs, f"commlib-tuned: bucket_cap_mb {mb:.3g} from commlib.torch_backend.ddp_bucket_mb"
 
 
 # ----- the check ----------------------------------------------------------------------------
