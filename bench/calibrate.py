@@ -10,6 +10,8 @@ between hosts with one pair crossing, ``net_rails`` with every local rank's pair
   point-to-point step path (the backend's isend/irecv driven by the progress loop, exactly as an
   algorithm's step runs), timed per step from 8 B to 16 MiB and fitted to ``t = α + n·β``; the
   measured step times are kept too, and the model prices steps from them;
+* across hosts, ``busy``: the share of a transfer's time that a matmul running beside it loses
+  (the cores the network's work takes; 0 where a NIC does it all), :func:`busy_share`;
 * γ, the local reduction cost: commlib's reduce kernel (float32 SUM) per byte, 1 to 16 MiB;
 * the curve of every algorithm eligible on the group (the engine's own collectives, the
   shared-memory ones where the group has a segment, commlib's point-to-point ones) for
@@ -105,6 +107,59 @@ def p2p_points(group, comm, target, rounds, steps=4) -> dict[int, float]:
     return points
 
 
+BUSY_BYTES, BUSY_STEPS, BUSY_DIM = 1 << 20, 8, 256  # a SUMMA panel's order of size; the matmul
+
+
+def _one_way_steps(ctx, send, recv, steps):
+    """Even ranks send to the next, odd ranks receive from the previous: one direction at a time,
+    as a broadcast's or a reduce's transfer (a ring shift moves both ways at once, twice the
+    network's work per second)."""
+    if ctx.rank % 2 == 0 and ctx.rank + 1 < ctx.size:
+        for _ in range(steps):
+            yield [ctx.isend(send, ctx.rank + 1)]
+    elif ctx.rank % 2 == 1:
+        for _ in range(steps):
+            yield [ctx.irecv(recv, ctx.rank - 1)]
+
+
+def busy_share(group, comm, target, rounds) -> tuple[float, dict]:
+    """The share of a transfer's time on ``group``'s link during which it keeps the cores busy:
+    one-way steps of :data:`BUSY_BYTES` posted asynchronously (commlib's progress drives them, as
+    an overlapped layer's broadcasts), then a matmul loop 1.5x their length, then the wait. With ``x``
+    the transfer alone, ``m`` the loop alone and ``b`` both, the loop lost ``b - m`` to the
+    transfer: ``(b - m) / x``, clamped to [0, 1]. Every rank runs it at once, so the cores are
+    shared as in the job. Also returns the three times (seconds)."""
+    send = torch.zeros(BUSY_BYTES, dtype=torch.uint8)
+    recv = torch.empty_like(send)
+    a, b = torch.randn(BUSY_DIM, BUSY_DIM), torch.randn(BUSY_DIM, BUSY_DIM)
+    out = torch.empty_like(a)
+
+    def post():
+        group.seq += 1
+        return start(_one_way_steps(_ctx(group, "calibrate", None), send, recv, BUSY_STEPS), None,
+                     (send, recv), group, "calibrate", group.seq, True)
+
+    def transfer():
+        post().wait()
+
+    transfer()
+    alone = _time_loop(transfer, 3, comm)
+    one = _time_loop(lambda: torch.mm(a, b, out=out), 20, comm)
+    reps = comm.bcast(max(1, round(1.5 * alone / one)), root=0)  # the same loop on every rank
+
+    def matmuls():
+        for _ in range(reps):
+            torch.mm(a, b, out=out)
+
+    def both():
+        work = post()
+        matmuls()
+        work.wait()
+
+    t = measure_many({"transfer": transfer, "matmul": matmuls, "both": both}, comm, target, rounds)
+    return min(1.0, max(0.0, (t["both"] - t["matmul"]) / t["transfer"])), t
+
+
 def gamma(comm, target, rounds) -> float:
     per_byte = []
     for nbytes in GAMMA_SIZES:
@@ -187,6 +242,7 @@ def main(argv=None) -> int:
         return 0
 
     links: dict[str, dict[int, float]] = {}
+    busy = None
     if p > 1 and hosts == 1:
         links["shm"] = p2p_points(group, comm, target, rounds)
     elif p > 1:
@@ -205,6 +261,8 @@ def main(argv=None) -> int:
         elif mesh.coordinate("local") == 0:  # one rail alone: a flat algorithm's host crossing
             links["net"] = p2p_points(rail, rail.backend.comm, target, rounds)
         comm.Barrier()
+        busy, busy_times = busy_share(rail, rail.backend.comm, target, rounds)  # all rails at once
+        busy = comm.bcast(busy, root=0)
     g = gamma(comm, target, rounds)
     measured = curves(group, comm, p, target, rounds) if p > 1 else {}
     if rank == 0:  # rank 0 is in every measured group (position 0 of the mesh)
@@ -213,12 +271,17 @@ def main(argv=None) -> int:
               f"-> {out} [{key}]")
         for name, points in links.items():
             alpha, beta = fit_alpha_beta(points)
-            costs[name] = LinkCost(alpha, beta, g, Curve(points))
+            costs[name] = LinkCost(alpha, beta, g, Curve(points), busy if name != "shm" else 0.0)
             print(f"# link {name}: alpha {alpha * 1e6:.2f} us, beta "
                   f"{1 / beta / 1e9 if beta else float('inf'):.2f} GB/s, gamma (reduce) {1 / g / 1e9:.2f} GB/s")
             print("#      bytes   step us   fit us")
             for n, t in points.items():
                 print(f"{n:12d} {t * 1e6:9.2f} {(alpha + n * beta) * 1e6:8.2f}")
+        if busy is not None:
+            x, m, b = (busy_times[k] * 1e3 for k in ("transfer", "matmul", "both"))
+            print(f"# links between hosts: busy {busy:.2f} of a transfer's time (matmul loop "
+                  f"{m:.1f} ms alone, {b:.1f} ms beside {BUSY_STEPS} one-way steps of "
+                  f"{BUSY_BYTES} B taking {x:.1f} ms alone)")
         if not costs:
             costs["shm"] = LinkCost(0.0, 0.0, g)
         save_entry(out, key, costs, measured)

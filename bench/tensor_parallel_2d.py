@@ -556,9 +556,9 @@ def planner_check(part: str, args, rows: list[dict], hosts: list[str]) -> list[s
                                             args.heads, dtype_bytes=s, panels=panels, **geometry)
         gflops = sum(st.flops for st in stages) / row["compute_seconds"] / 1e9
         machine = tp_plan.local_machine(None, engine, p, nhosts, gflops=gflops)
-        overlap = row["variant"] == "overlap" and row["scheme"] == "2d" and machine.hides_comm
+        overlap = row["variant"] == "overlap" and row["scheme"] == "2d"
         common = dict(dtype_bytes=s, comm=machine.collective_seconds, gflops=gflops,
-                      overlap=overlap, panels=panels, **geometry)
+                      overlap=overlap, panels=panels, busy=machine.busy_share, **geometry)
         if part == "mlp":
             pred = tp_plan.predict_mlp(t, args.hidden, args.ffn, **common)
         else:

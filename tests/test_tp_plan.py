@@ -124,6 +124,15 @@ def test_time_with_and_without_overlap():
     # (96 flops per layer's panel) add to it
     fast = predict_mlp(8, 4, 6, gflops=1.0, overlap=True, **kw)
     assert fast.seconds - 0.026 == pytest.approx(2 * 48e-9)
+    # busy: a collective beside a GEMM slows it by its busy share. All 1 (the cores copy):
+    # nothing hides; columns 0.5, rows 0 (GEMM-bound): forward 2 + 0.5 ms a layer (the second
+    # panel's column broadcast takes half its time from the GEMM), backward bx + 0.5 (W's
+    # broadcast beside the dW half) + rx + 0.5 (dW's reduce beside the dX half) + 0.5 + 0.5 (the
+    # second panel's W broadcast and dW reduce beside its GEMMs) = 4 ms, and the bias 1 ms
+    assert predict_mlp(8, 4, 6, gflops=1e-6, busy=lambda *_: 1.0, **kw).seconds == \
+        pytest.approx(plain.seconds)
+    cols = predict_mlp(8, 4, 6, gflops=1e-6, busy=lambda size, stride: 0.5 * (stride > 1), **kw)
+    assert cols.seconds == pytest.approx(0.576 + 2 * (2.5e-3 + 4e-3 + 1e-3))
     # 1D has nothing to overlap
     a = predict_mlp(8, 4, 8, p=4, dtype_bytes=4, comm=ms, gflops=1e-6, overlap=True)
     b = predict_mlp(8, 4, 8, p=4, dtype_bytes=4, comm=ms, gflops=1e-6, overlap=False)
@@ -215,6 +224,7 @@ def test_catalog_groups_share_the_hosts_rails(v100_64):
     assert col.local == 1
     assert 1 / col.inter.beta / 1e9 == pytest.approx(plan.rails * plan.rail_gbps / 8)
     assert v100_64.gflops == pytest.approx(0.7 * 125e3)  # V100 fp16, the assumed efficiency
+    assert v100_64.busy_share(8, 1) == v100_64.busy_share(8, 8) == 0.0  # GPUs copy by DMA
     assert v100_64.collective_seconds("broadcast", 1 << 20, 8, 8) > \
         v100_64.collective_seconds("broadcast", 1 << 20, 8, 1)
 
@@ -231,10 +241,31 @@ def test_local_machine_from_a_tuning_file(tmp_path):
     col = m.table_of(2, 2)                                 # a column: both hosts' ranks cross
     assert col.inter == rails and col.local == 1 and col.link == shm
     assert not local_machine(path, "mpi", 2, 1, gflops=10.0).hides_comm
+    # what a GEMM beside a collective loses: all of a copy inside a host, the link's busy across
+    assert m.busy_share(2, 1) == 1.0 and m.busy_share(2, 2) == 0.0
+    calibration.save_entry(path, "mpi/4@2", {"net": net, "net_rails": LinkCost(3e-5, 2e-8, busy=0.3)},
+                           {})
+    assert local_machine(path, "mpi", 4, 2, gflops=10.0).busy_share(2, 2) == 0.3
     with pytest.raises(CommError, match="no entry for engine 'gloo'"):
         local_machine(path, "gloo", 4, 2, gflops=1.0).table_of(4, 1)
     with pytest.raises(CommError, match="does not exist"):
         local_machine(tmp_path / "missing.json", "mpi", 4, 2, gflops=1.0)
+
+
+def test_rails_come_from_an_entry_with_the_jobs_ranks_per_host(tmp_path):
+    """``net_rails`` is the host's link shared by its ranks' streams: a column group of a 4-rank,
+    2-host job (its own shape mpi/2@2, one rank per host: no sharing there) takes the rails of
+    mpi/4@2, and ``net`` (one pair crossing) from its own entry."""
+    path = tmp_path / "tuning.json"
+    one, two = LinkCost(2e-5, 8e-9), LinkCost(2e-5, 1.6e-8, busy=0.25)
+    calibration.save_entry(path, "mpi/2", {"shm": LinkCost(5e-6, 1e-9, 1e-10)}, {})
+    calibration.save_entry(path, "mpi/2@2", {"net": one, "net_rails": one}, {})
+    calibration.save_entry(path, "mpi/4@2", {"net": one, "net_rails": two}, {})
+    col = local_machine(path, "mpi", 4, 2, gflops=10.0).table_of(2, 2)
+    assert col.inter == two and col.shard_inter == two
+    assert local_machine(path, "mpi", 2, 2, gflops=10.0).table_of(2, 1).inter == one
+    assert calibration.load(path)["groups"]["mpi/4@2"]["links"]["net_rails"]["busy"] == 0.25
+    assert "busy" not in calibration.load(path)["groups"]["mpi/2@2"]["links"]["net"]
 
 
 def test_measure_gflops():

@@ -2,6 +2,7 @@
 mpiexec, its file read back into the model."""
 
 import json
+import re
 import sys
 
 import pytest
@@ -109,7 +110,14 @@ def test_calibrate_across_virtual_hosts_and_select_from_it(tmp_path):
                          "65536", "--out", str(out), timeout=300)
     assert "4 ranks on 2 host(s)" in proc.stdout, proc.stdout
     doc = load(out)
-    assert set(doc["groups"]["mpi/4@2"]["links"]) == {"shm", "net", "net_rails"}
+    links = doc["groups"]["mpi/4@2"]["links"]
+    assert set(links) == {"shm", "net", "net_rails"}
+    # the share of a transfer's time a matmul beside it lost, on the links between hosts only
+    found = re.search(r"^# links between hosts: busy ([01]\.\d\d) of a transfer's time", proc.stdout, re.M)
+    assert found, proc.stdout
+    busy = links["net_rails"].get("busy", 0.0)
+    assert busy == links["net"].get("busy", 0.0) and f"{busy:.2f}" == found.group(1)
+    assert 0.0 <= busy <= 1.0 and "busy" not in links["shm"]
     proc = run_mpi_hosts(hosts, "tuning_explain.py", "hosts", timeout=240,
                          COMMLIB_TUNING_FILE=str(out))
     assert "ok case_explain_agrees_and_runs (world size 4)" in proc.stdout

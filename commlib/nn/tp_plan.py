@@ -67,7 +67,11 @@ before panel k's GEMM) a layer of K panels with per-panel collectives P and per-
 so only X's broadcast opens the pass exposed (W's travels during the dW half) and the last
 panel's dX reduction closes it (dW's travels during the dX half): ``bx + (bw - G/2)+ + (K-1)·max(P,
 G) + G + rx + (rw - G/2)+``. Plus whatever a layer issues once (bias and LayerNorm all-reduces,
-exposed; the layer posts the bias all-reduce asynchronously, so this is a bound).
+exposed; the layer posts the bias all-reduce asynchronously, so this is a bound). A collective
+running beside a GEMM slows it by the share of its time it keeps the cores busy (``busy``,
+:data:`BusyShare`: B = Σ busy·t over a panel's collectives), so each overlapped slot costs
+``max(P, G + B)`` and each half-GEMM window ``max(t - G/2, busy·t)``: with busy 1 (CPU ranks
+inside one host, the cores copy) nothing is hidden, with 0 (a GPU's DMA) the formulas above.
 1D's all-reduces sit on the critical path: overlap changes nothing there. A panel's row and column
 collectives are added (taken as running one after the other, though they use different links).
 commlib's model prices a broadcast and a reduce as a binomial tree, ceil(log2 g)·(α + nβ) (the
@@ -88,7 +92,9 @@ pass ``gflops`` (``--gflops``) for a measured one. "This machine" (:func:`local_
 tuning file ``bench/calibrate.py`` wrote (the entry of each group's shape, else the nearest size's
 links and the file's measured link between hosts, as selection builds it) and a given GEMM rate
 (``--gflops``, or :func:`measure_gflops`). On one host of CPU ranks the cores that compute also copy
-the messages, so nothing is hidden: the overlapped prediction equals the plain one there.
+the messages, so nothing is hidden: the overlapped prediction equals the plain one there. Between
+hosts the link's ``busy`` is measured (``bench/calibrate.py``: a matmul loop beside the transfer,
+every rank at once): on a real NIC little, on network namespaces sharing the cores much.
 
 Example (one MLP, 2 x 2 mesh, T = 8, H = 4, F = 8, float32)::
 
@@ -127,6 +133,11 @@ __all__ = ["Comm", "Stage", "Prediction", "Row", "Machine", "CollectiveSeconds",
 #: cost model's size: the buffer of a broadcast, reduce or all-reduce, the whole output of an
 #: all-gather) on a group of ``group_size`` ranks that are ``stride`` apart in host-major order.
 CollectiveSeconds = Callable[[str, int, int, int], float]
+#: ``busy(group_size, stride) -> share``: the share of a collective's time on such a group during
+#: which it keeps the ranks' cores busy, so that a GEMM running beside it is that much slower
+#: (``Machine.busy_share``: 1 for CPU ranks inside one host, whose cores do the copies; measured
+#: for the links between hosts; 0 for GPUs, whose copies are DMA). None: 0 everywhere.
+BusyShare = Callable[[int, int], float]
 
 # Datasheet dense peaks, TFLOP/s per GPU, by operand type (NVIDIA's V100 SXM2, A100, H100 SXM5 and
 # A10 datasheets; sparsity figures halved). V100 has no bfloat16 tensor cores.
@@ -395,19 +406,28 @@ def _seconds(c: Comm, lay: _Layout, comm: CollectiveSeconds) -> float:
     return float(comm(c.collective, nbytes, size, stride))
 
 
-def _ends(st: Stage, lay: _Layout, comm: CollectiveSeconds, gemm: float, per_panel: float) -> float:
+def _busy(c: Comm, lay: _Layout, comm: CollectiveSeconds, busy: BusyShare | None) -> float:
+    """The seconds of ``c`` during which it keeps the cores busy (what a GEMM beside it loses)."""
+    size, stride = lay.group(c.axis)
+    return 0.0 if busy is None or size == 1 else busy(size, stride) * _seconds(c, lay, comm)
+
+
+def _ends(st: Stage, lay: _Layout, comm: CollectiveSeconds, busy: BusyShare | None, gemm: float,
+          per_panel: float) -> float:
     """The exposed ends of an overlapped SUMMA pass: the first panel's collectives before its
     GEMM; in backward (broadcasts X, W, reductions dX, dW: ``_linear_2d``) the dW half of a
     panel's GEMM needs only X's panel, so W's travels during it, and the last panel's dW
-    reduction during its dX half: ``bx + (bw - G/2)+`` ahead, ``rx + (rw - G/2)+`` behind."""
+    reduction during its dX half: ``bx + max(bw - G/2, busy(bw))`` ahead, ``rx + max(rw - G/2,
+    busy(rw))`` behind (a transfer beside a GEMM costs at least the cores it keeps busy)."""
     if st.phase != "backward" or len(st.pipelined) != 4:
         return per_panel
     bx, bw, rx, rw = (_seconds(c, lay, comm) for c in st.pipelined)
-    return bx + max(0.0, bw - gemm / 2) + rx + max(0.0, rw - gemm / 2)
+    lost_w, lost_r = (_busy(c, lay, comm, busy) for c in st.pipelined[1::2])
+    return bx + max(0.0, bw - gemm / 2, lost_w) + rx + max(0.0, rw - gemm / 2, lost_r)
 
 
 def _price(stages: list[Stage], lay: _Layout, s: int, comm: CollectiveSeconds, gflops: float,
-           overlap: bool, times: int = 1) -> Prediction:
+           overlap: bool, busy: BusyShare | None = None, times: int = 1) -> Prediction:
     total = comm_total = compute_total = 0.0
     sent = saved = 0
     rate = gflops * 1e9
@@ -418,8 +438,9 @@ def _price(stages: list[Stage], lay: _Layout, s: int, comm: CollectiveSeconds, g
         compute = st.flops / rate
         if overlap and panels:
             gemm = compute / panels
-            body = (_ends(st, lay, comm, gemm, per_panel) + (panels - 1) * max(per_panel, gemm)
-                    + gemm)
+            lost = sum(_busy(c, lay, comm, busy) for c in st.pipelined)  # the GEMM beside them
+            body = (_ends(st, lay, comm, busy, gemm, per_panel)
+                    + (panels - 1) * max(per_panel, gemm + lost) + gemm)
         else:
             body = panels * per_panel + compute
         total += body + once
@@ -448,22 +469,24 @@ def _check_pricing(fn: str, comm, gflops) -> None:
 def predict_mlp(tokens: int, hidden: int, ffn: int, *, p: int | None = None,
                 mesh: tuple[int, int] | None = None, dtype_bytes: int = 2,
                 comm: CollectiveSeconds, gflops: float, overlap: bool = True,
-                panels: int | None = None) -> Prediction:
+                panels: int | None = None, busy: BusyShare | None = None) -> Prediction:
     """One MLP's forward+backward per rank, 1D over ``p`` ranks or 2D over ``mesh`` = (r, c)
     (both given: r·c must be p). ``comm`` prices one collective (``Machine.collective_seconds``),
     ``gflops`` is the GEMM rate per rank; ``overlap``: 2D pipelines its panels' collectives with
-    the GEMMs; ``panels``: SUMMA panels per layer (None: the layers' default)."""
+    the GEMMs; ``panels``: SUMMA panels per layer (None: the layers' default); ``busy``: the
+    cores' share of each group's collectives (``Machine.busy_share``), what overlap cannot hide."""
     fn = "nn.tp_plan.predict_mlp"
     _check_pricing(fn, comm, gflops)
     stages = mlp_schedule(tokens, hidden, ffn, p=p, mesh=mesh, dtype_bytes=dtype_bytes,
                           panels=panels)
-    return _price(stages, _layout(fn, p, mesh), dtype_bytes, comm, gflops, overlap)
+    return _price(stages, _layout(fn, p, mesh), dtype_bytes, comm, gflops, overlap, busy)
 
 
 def predict_block(batch: int, seq: int, hidden: int, ffn: int, heads: int, *, p: int | None = None,
                   mesh: tuple[int, int] | None = None, dtype_bytes: int = 2,
                   comm: CollectiveSeconds, gflops: float, overlap: bool = True, layers: int = 1,
-                  attention_scores: bool = True, panels: int | None = None) -> Prediction:
+                  attention_scores: bool = True, panels: int | None = None,
+                  busy: BusyShare | None = None) -> Prediction:
     """``layers`` pre-norm transformer blocks' forward+backward per rank (everything times
     ``layers``: every block saves its activations until backward). Arguments as
     :func:`predict_mlp`; ``attention_scores``: count the attention probabilities as saved (eager
@@ -473,7 +496,7 @@ def predict_block(batch: int, seq: int, hidden: int, ffn: int, heads: int, *, p:
     layers = _int(fn, "layers", layers)
     stages = block_schedule(batch, seq, hidden, ffn, heads, p=p, mesh=mesh, dtype_bytes=dtype_bytes,
                             attention_scores=attention_scores, panels=panels)
-    return _price(stages, _layout(fn, p, mesh), dtype_bytes, comm, gflops, overlap, layers)
+    return _price(stages, _layout(fn, p, mesh), dtype_bytes, comm, gflops, overlap, busy, layers)
 
 
 # --------------------------------------------------------------------------------------------
@@ -498,10 +521,11 @@ def compare(batches: Sequence[int], *, seq: int, hidden: int, ffn: int, mesh: tu
             p: int | None = None, heads: int | None = None, model: str = "block",
             dtype_bytes: int = 2, comm: CollectiveSeconds, gflops: float, overlap: bool = True,
             layers: int = 1, attention_scores: bool = True,
-            panels: int | None = None) -> list[Row]:
+            panels: int | None = None, busy: BusyShare | None = None) -> list[Row]:
     """1D over p = r·c ranks against 2D over ``mesh`` = (r, c) for each batch of ``batches``
     (tokens = batch·seq), for ``model`` ``"block"`` (needs ``heads``) or ``"mlp"``. ``overlap``:
-    whether the machine can hide 2D's collectives behind its GEMMs at all."""
+    whether the machine can hide 2D's collectives behind its GEMMs at all; ``busy`` as
+    :func:`predict_mlp`."""
     fn = "nn.tp_plan.compare"
     lay = _layout(fn, p, mesh)
     if not lay.two_d:
@@ -519,9 +543,10 @@ def compare(batches: Sequence[int], *, seq: int, hidden: int, ffn: int, mesh: tu
     def run(b: int, **kw) -> Prediction:
         if model == "mlp":
             return predict_mlp(b * seq, hidden, ffn, dtype_bytes=dtype_bytes, comm=comm,
-                               gflops=gflops, **kw)
+                               gflops=gflops, busy=busy, **kw)
         return predict_block(b, seq, hidden, ffn, heads, dtype_bytes=dtype_bytes, comm=comm,
-                             gflops=gflops, layers=layers, attention_scores=attention_scores, **kw)
+                             gflops=gflops, layers=layers, attention_scores=attention_scores,
+                             busy=busy, **kw)
 
     rows = []
     for b in batches:
@@ -574,8 +599,9 @@ def _placement(size: int, stride: int, per_host: int) -> tuple[int, int | None]:
 @dataclass
 class Machine:
     """A described machine: how many ranks, how fast each multiplies (``gflops``, and where the
-    figure comes from), whether communication can hide behind computation, and the cost model's
-    :class:`~commlib.tuning.model.Table` for a group of (ranks, stride)."""
+    figure comes from), whether communication can hide behind computation, the cost model's
+    :class:`~commlib.tuning.model.Table` for a group of (ranks, stride), and (``cores_copy``) whether
+    the ranks' own cores do the copies inside a host (CPU ranks: a collective there hides nothing)."""
 
     name: str
     ranks: int
@@ -584,7 +610,18 @@ class Machine:
     gflops_source: str
     hides_comm: bool
     table_of: Callable[[int, int], Table]
+    cores_copy: bool = False
     _memo: dict = field(default_factory=dict, repr=False)
+
+    def busy_share(self, size: int, stride: int = 1) -> float:
+        """:data:`BusyShare`: the share of a collective's time on ``size`` ranks ``stride`` apart
+        during which it keeps the cores busy: 1 inside one host when the cores copy, else the
+        ``busy`` of the link the group crosses hosts on (measured by ``bench/calibrate.py``; 0
+        in the catalog: DMA)."""
+        hosts, _ = _placement(size, stride, self.ranks_per_host)
+        if hosts == 1:
+            return 1.0 if self.cores_copy else 0.0
+        return self.table_of(size, stride).inter.busy
 
     def collective_seconds(self, collective: str, nbytes: int, size: int, stride: int = 1) -> float:
         """The cheapest algorithm's predicted time (as selection picks) of ``collective`` of
@@ -669,15 +706,19 @@ def local_machine(tuning_file, engine: str, ranks: int, hosts: int = 1, *,
 
     def net_links(size: int, spanned: int) -> dict[str, LinkCost]:
         """The measured links between hosts: the group's own entry's, else another entry of this
-        engine across hosts (this many hosts first)."""
+        engine across hosts (this many hosts first). ``net_rails`` (every local rank's pair
+        crossing at once) only from an entry with this job's ranks per host: it is the sharing
+        of the host's link by that many streams, and one rank per host has none."""
         keys = [calibration.entry_key(engine, size, spanned)] + sorted(
             (k for k in groups if k.split("/")[0] == engine and "@" in k),
             key=lambda k: (not k.endswith(f"@{hosts}"), k))
         out: dict[str, LinkCost] = {}
         for key in keys:
             links = groups.get(key, {}).get("links", {})
+            size_k, hosts_k = (int(v) for v in key.rsplit("/", 1)[1].split("@"))
             for name in ("net", "net_rails"):
-                if name in links and name not in out:
+                same_sharing = name == "net" or size_k // hosts_k == per_host
+                if name in links and name not in out and same_sharing:
                     out[name] = calibration.link_from_json(links[name])
         return out
 
@@ -707,8 +748,9 @@ def local_machine(tuning_file, engine: str, ranks: int, hosts: int = 1, *,
 
     source = "given"
     name = f"this machine: {ranks} {engine} ranks on {hosts} host(s), tuning file {path}"
-    # one host of CPU ranks: the cores that compute also copy the messages (overlap hides nothing)
-    return Machine(name, ranks, per_host, float(gflops), source, hosts > 1, table_of)
+    # CPU ranks: the cores that compute also copy the messages inside a host (overlap hides
+    # nothing there); between hosts the link's measured busy share
+    return Machine(name, ranks, per_host, float(gflops), source, hosts > 1, table_of, True)
 
 
 def measure_gflops(dtype: torch.dtype = torch.float32, device: str = "cpu") -> float:
@@ -868,9 +910,13 @@ def main(argv=None) -> int:
                            heads=heads, model=args.model, dtype_bytes=DTYPE_BYTES[dtype],
                            comm=machine.collective_seconds, gflops=machine.gflops,
                            overlap=machine.hides_comm, layers=args.layers,
-                           attention_scores=not args.flash, panels=args.panels)
+                           attention_scores=not args.flash, panels=args.panels,
+                           busy=machine.busy_share)
             print(f"\n# 1D over {p} ranks ({machine.group_note(p, 1)}) vs 2D {r}x{c}: rows of "
                   f"{machine.group_note(c, 1)}, columns of {machine.group_note(r, c)}")
+            if machine.hides_comm and machine.cores_copy:
+                print(f"# busy share (what a GEMM beside a collective loses): rows "
+                      f"{machine.busy_share(c, 1):.2f}, columns {machine.busy_share(r, c):.2f}")
             if not machine.hides_comm:
                 print("# CPU ranks on one host: the cores that compute also copy, so 2D ovl = 2D")
             print("\n".join(report(rows, (r, c), machine.hides_comm)))

@@ -15,7 +15,9 @@ ranks on 2 hosts, ``mpi/2@2`` for one rank on each of 2 (its group link is ``net
 and β are measured with every rank of a group of that size busy (a ring shift), so they include
 the contention of oversubscribed cores, and the engine's collectives differ by size. Entries
 across hosts also hold ``net`` (the link between hosts, one pair crossing) and ``net_rails``
-(every local rank's pair crossing at once, as in the hierarchical algorithm).
+(every local rank's pair crossing at once, as in the hierarchical algorithm), each with ``busy``:
+the share of a transfer's time that a matmul running beside it lost (the cores the network's
+work took; planners price what overlap cannot hide with it).
 :func:`load` finds the file: ``COMMLIB_TUNING_FILE``, else the
 per-host cache ``$XDG_CACHE_HOME/commlib/tuning-<host hash>.json`` (``~/.cache`` by default).
 """
@@ -103,13 +105,16 @@ def link_to_json(link: LinkCost) -> dict:
     out = {"alpha": link.alpha, "beta": link.beta, "gamma": link.gamma}
     if link.curve is not None:
         out["steps"] = link.curve.to_json()
+    if link.busy:
+        out["busy"] = link.busy
     return out
 
 
 def link_from_json(entry: dict) -> LinkCost:
     steps = entry.get("steps")
     curve = Curve.from_json(steps) if steps and len(steps) >= 2 else None
-    return LinkCost(entry["alpha"], entry["beta"], entry.get("gamma", 0.0), curve)
+    return LinkCost(entry["alpha"], entry["beta"], entry.get("gamma", 0.0), curve,
+                    entry.get("busy", 0.0))
 
 
 def table_for(doc: dict | None, backend: str, size: int, hosts: int = 1,

@@ -55,12 +55,16 @@ __all__ = ["LinkCost", "Curve", "Prediction", "Table", "cost_names", "predict", 
 @dataclass(frozen=True)
 class LinkCost:
     """The cost of one link class: ``alpha`` seconds per message, ``beta`` seconds per byte moved,
-    ``gamma`` seconds per byte reduced locally (the reduction runs on the receiving side)."""
+    ``gamma`` seconds per byte reduced locally (the reduction runs on the receiving side), and
+    ``busy``, the share of a transfer's time during which it keeps a core of its host busy: what
+    computation running beside it loses (0 for a DMA engine's link; ``bench/calibrate.py``
+    measures it for the link between hosts; copies through shared memory are the cores' work)."""
 
     alpha: float
     beta: float
     gamma: float = 0.0
     curve: "Curve | None" = None  # measured seconds per step by message size, if calibrated
+    busy: float = 0.0
 
     def step(self, nbytes: float) -> float:
         """Seconds of one point-to-point step moving ``nbytes`` each way: the measured curve
