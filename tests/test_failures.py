@@ -33,6 +33,30 @@ def test_debug_mode_raises_on_every_rank(mpirun, n):
     assert time.monotonic() - start < 60
 
 
+ALWAYS_SCENARIOS = ["count", "dtype", "op", "root", "collective", "async"]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_shm_mismatch_raises_on_every_rank_without_debug_mode(mpirun, n):
+    """No COMMLIB_DEBUG: the shared-memory segment compares the calls the ranks publish with each
+    step; every rank raises naming both calls, and the group stays usable (checked after each)."""
+    start = time.monotonic()
+    proc = mpirun(n, "failures.py", "always", timeout=60, COMMLIB_TIMEOUT_MODE="raise")
+    want = {(s, "CommMismatchError"): list(range(n)) for s in ALWAYS_SCENARIOS}
+    if n == 2:  # the ring's truncated receive on rank 0; rank 1 waits out the timeout
+        want[("ring_truncated", "CommMismatchError")] = [0]
+        want[("ring_truncated", "CommTimeoutError")] = [1]
+    assert caught(proc) == want, proc.stdout + proc.stderr
+    last, rest = n - 1, list(range(n - 1))
+    assert (f"message: commlib.all_reduce: ranks of group 'world' disagree on operation #1: ranks "
+            f"[{last}] differ from ranks {rest}.\n"
+            + "".join(f"  rank {k}: all_reduce(count={5 if k == last else 4}, dtype=float32, op=SUM, "
+                      f"algorithm=shm_oneshot)\n" for k in range(n))
+            + "Fix: make every rank of the group call the same collective with the same shape, "
+              "dtype, op and root.\n") in proc.stdout, proc.stdout
+    assert time.monotonic() - start < 40
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_timeout_raises_naming_op_group_and_sequence(mpirun, n):
     proc = mpirun(n, "failures.py", "timeout", timeout=120, COMMLIB_TIMEOUT="3",

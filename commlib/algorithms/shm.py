@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from ..ops import ReduceOp
-from ..transports.shm import DTYPE_CODES, KIND, OP_CODES, run_op
+from ..transports.shm import CALL_DTYPES, DTYPE_CODES, KIND, OP_CODES, run_op
 from . import native
 from .registry import register_algorithm
 
@@ -38,6 +38,12 @@ __all__ = ["all_reduce_oneshot", "all_reduce_twoshot"]
 
 _SUM = OP_CODES[ReduceOp.SUM]
 _U8 = DTYPE_CODES[torch.uint8]
+_CALL_DTYPE = {t: i for i, t in enumerate(CALL_DTYPES)}
+
+
+def _call_dtype(t) -> int:
+    """The dtype code of a call the ranks compare, where the data moves as bytes (255: other)."""
+    return _CALL_DTYPE.get(t.dtype, 255)
 
 
 def _segment(ctx, t):
@@ -79,7 +85,8 @@ def _prepare(kind: str):
             return None
         if kind == "all_gather":
             src, dst = _bytes(inp), _bytes(out)
-            return seg.op(KIND[kind], src.data_ptr(), dst.data_ptr(), src.numel(), _U8, _SUM, 0, 0)
+            return seg.op(KIND[kind], src.data_ptr(), dst.data_ptr(), src.numel(), _U8, _SUM, 0, 0,
+                          _call_dtype(inp))
         return seg.op(KIND[kind], inp.data_ptr(), out.data_ptr(), out.numel(),
                       DTYPE_CODES[out.dtype], OP_CODES[op], 0, 0)
     return prepare
@@ -144,7 +151,8 @@ def all_gather(ctx, out, inp):
     if seg is None:
         return native.all_gather(ctx, out, inp)
     src, dst = _bytes(inp), _bytes(out)
-    handle = seg.op(KIND["all_gather"], src.data_ptr(), dst.data_ptr(), src.numel(), _U8, _SUM, 0, 0)
+    handle = seg.op(KIND["all_gather"], src.data_ptr(), dst.data_ptr(), src.numel(), _U8, _SUM, 0, 0,
+                    _call_dtype(inp))
     return run_op(ctx, seg, handle, "all_gather_into_tensor")
 
 
@@ -155,5 +163,6 @@ def broadcast(ctx, buf, root):
     if seg is None:
         return native.broadcast(ctx, buf, root)
     b = _bytes(buf)
-    handle = seg.op(KIND["broadcast"], b.data_ptr(), b.data_ptr(), b.numel(), _U8, _SUM, 0, root)
+    handle = seg.op(KIND["broadcast"], b.data_ptr(), b.data_ptr(), b.numel(), _U8, _SUM, 0, root,
+                    _call_dtype(buf))
     return run_op(ctx, seg, handle, "broadcast")

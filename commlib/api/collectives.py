@@ -37,6 +37,7 @@ from ..kernels import finish_avg_
 from ..ops import ReduceOp, accumulation_dtype, dtype_name, resolve_op, to_reduce_op
 from ..runtime import debug as _debug
 from ..runtime.group import Group
+from ..runtime.mismatch import describe
 from ..runtime.plans import PLANS as _PLANS
 from ..runtime.plans import planned_pair, remember, remember_pair
 from ..runtime.progress import _ABANDONED, completed_work, drive, start, unusable
@@ -66,8 +67,7 @@ def _agree(group: Group, fn: str, algo, **fields) -> None:
     # The algorithm is part of the call: ranks running different ones (algorithm=, COMMLIB_ALGO)
     # would exchange mismatched messages.
     fields["algorithm"] = algo.name
-    text = ", ".join(f"{k}={v}" for k, v in fields.items())
-    _debug.agree(group, fn, f"{fn}({text})")
+    _debug.agree(group, fn, describe(fn, **fields))
 
 
 _OP_CACHE: dict = {}

@@ -9,6 +9,7 @@ import contextlib
 
 from ..errors import CommError
 from ..runtime import debug
+from ..runtime.mismatch import describe
 from .groups import resolve_group
 
 __all__ = ["checked_call", "DeferredWork"]
@@ -29,7 +30,7 @@ def checked_call(fn: str, group):
             debug.agree(g, fn, "", error=exc)
         raise
     if g.debug:
-        debug.agree(g, fn, f"{fn}(" + ", ".join(f"{k}={v}" for k, v in call.items()) + ")")
+        debug.agree(g, fn, describe(fn, **call))
 
 
 class DeferredWork:

@@ -18,7 +18,7 @@ import torch
 from mpi4py import MPI
 
 from .. import config
-from ..errors import CommBackendError
+from ..errors import CommBackendError, CommMismatchError
 from ..ops import ReduceOp
 from . import register_backend
 from .base import Backend, mpi_world_ranks
@@ -149,23 +149,43 @@ class MPIBackend(Backend):
         return t
 
     # ----- completion ---------------------------------------------------------------------
+    # A message longer than its receive buffer (MPI_ERR_TRUNCATE) means the ranks called the
+    # collective with different sizes: raised as CommMismatchError (the try costs nothing until
+    # it raises).
     def test(self, handles: list) -> bool:
-        for h in handles:
-            if isinstance(h, _AnySource):
-                if not h.test():
+        try:
+            for h in handles:
+                if isinstance(h, _AnySource):
+                    if not h.test():
+                        return False
+                elif not h.Test():
                     return False
-            elif not h.Test():
-                return False
+        except MPI.Exception as exc:
+            self._truncated(exc)
+            raise
         return True
 
     def wait(self, handles: list) -> None:
-        for h in handles:
-            if isinstance(h, _AnySource):
-                if not h.done:
-                    h.req.Wait(h.status)
-                    h.done = True
-            else:
-                h.Wait()
+        try:
+            for h in handles:
+                if isinstance(h, _AnySource):
+                    if not h.done:
+                        h.req.Wait(h.status)
+                        h.done = True
+                else:
+                    h.Wait()
+        except MPI.Exception as exc:
+            self._truncated(exc)
+            raise
+
+    def _truncated(self, exc: "MPI.Exception") -> None:
+        if exc.Get_error_class() == MPI.ERR_TRUNCATE:
+            raise CommMismatchError(
+                f"commlib: rank {self.rank} of {self.size} received a message longer than its "
+                f"receive buffer ({' '.join(str(exc).split())}): the ranks called a collective "
+                f"with different sizes (bytes), or different collectives. Fix: make every rank "
+                f"of the group call the same collective with the same shape, dtype, op and root "
+                f"(COMMLIB_DEBUG=1 names each rank's call)") from exc
 
     def source_of(self, handle) -> int | None:
         return handle.status.Get_source() if isinstance(handle, _AnySource) else None

@@ -1,7 +1,8 @@
 """``COMMLIB_DEBUG=1``: before each collective, ranks exchange a fingerprint of the call
 (collective, shape, dtype, op, root, and whether the rank's own argument checks failed). One
 all-gather of a few integers finds a disagreement; a second all-gather of the ranks' descriptions
-names it, and every rank raises ``CommMismatchError``.
+names it, and every rank raises ``CommMismatchError`` (the message of
+commlib/runtime/mismatch.py, which the shared-memory path raises without debug mode too).
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ import zlib
 
 import torch
 
+from .mismatch import mismatch_error
 from .progress import Work, unusable
-from ..errors import CommMismatchError
 
 __all__ = ["agree"]
 
@@ -50,19 +51,4 @@ def agree(group, fn: str, description: str, error: BaseException | None = None) 
     if error is not None:
         return  # this rank raises its own argument error; the others name it below
     failed = [r for r in range(group.size) if table[r, 1]]
-    lines = "\n".join(f"  rank {r}: {t}" for r, t in enumerate(texts))
-    if failed:
-        what = f"ranks {failed} failed their argument checks"
-    else:  # name the ranks outside the largest set of agreeing ranks (ties: rank 0's set)
-        same: dict[str, list[int]] = {}
-        for r, t in enumerate(texts):
-            same.setdefault(t, []).append(r)
-        most = max(same.values(), key=len)
-        most = most if sum(len(v) == len(most) for v in same.values()) == 1 else same[texts[0]]
-        differ = [r for r in range(group.size) if r not in most]
-        what = f"ranks {differ} differ from ranks {most}"
-    raise CommMismatchError(
-        f"commlib.{fn}: ranks of group {group.name!r} disagree on operation #{group.seq + 1}: "
-        f"{what}.\n{lines}\nFix: make every rank of the group call the same collective with the "
-        f"same shape, dtype, op and root."
-    )
+    raise mismatch_error(group, fn, group.seq + 1, texts, failed)

@@ -7,6 +7,7 @@ from typing import Sequence
 
 from ..engines.base import Backend
 from . import resources as _resources
+from .mismatch import shm_hook
 
 __all__ = ["Group", "state"]
 
@@ -37,6 +38,8 @@ class Group:
         # CUDA IPC), the agreed cost model. Collective: every member constructs the group at the
         # same point. See commlib/runtime/resources.py.
         self.resources = _resources.build(backend, name)
+        if self.resources.shm is not None:  # ranks that disagree raise on every rank, always
+            self.resources.shm.on_mismatch = shm_hook(self)
 
     @property
     def shm(self):

@@ -30,11 +30,11 @@ import torch
 
 from .. import config
 from ..errors import CommBackendError
-from ..ops import ReduceOp
+from ..ops import ReduceOp, dtype_name
 from .base import GroupFacts, Transport, refusal, register_transport
 
 __all__ = ["available", "why_unavailable", "ShmTransport", "KIND", "DTYPE_CODES", "OP_CODES",
-           "run_op", "wait_policy"]
+           "CALL_DTYPES", "decode_call", "run_op", "wait_policy"]
 
 log = logging.getLogger("commlib")
 
@@ -61,6 +61,32 @@ OP_CODES: dict[ReduceOp, int] = {
     ReduceOp.SUM: 0, ReduceOp.AVG: 0, ReduceOp.PRODUCT: 1, ReduceOp.MIN: 2, ReduceOp.MAX: 3,
     ReduceOp.BAND: 4, ReduceOp.BOR: 5, ReduceOp.BXOR: 6,
 }
+
+# The caller's dtype in the call a rank publishes with each step (csrc/shm/protocol.c,
+# Agreement), by code: the reduction codes, then dtypes that only move as bytes.
+CALL_DTYPES: tuple[torch.dtype, ...] = (*DTYPE_CODES, torch.bool, torch.complex64,
+                                        torch.complex128)
+_CALLS = {0: ("all_reduce", "shm_oneshot"), 1: ("all_reduce", "shm_twoshot"),
+          2: ("reduce_scatter_tensor", "shm"), 3: ("all_gather_into_tensor", "shm"),
+          4: ("broadcast", "shm")}
+_OP_NAMES = ("SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "AVG")  # the op byte (AVG: 7)
+
+
+def decode_call(kind: int, dtype: int, op: int, root: int, nbytes: int,
+                first_step: int) -> tuple[str, dict]:
+    """A call as a rank published it (``Segment.on_mismatch``'s rows): the collective's name and
+    its fields as debug mode lists them (``count`` in elements, ``dtype``, ``op`` of reductions,
+    ``root`` of broadcast, ``algorithm``)."""
+    fn, algorithm = _CALLS.get(kind, (f"<kind {kind}>", "shm"))
+    t = CALL_DTYPES[dtype] if dtype < len(CALL_DTYPES) else torch.uint8
+    size = torch.empty((), dtype=t).element_size()
+    fields: dict = {"count": nbytes // size, "dtype": dtype_name(t)}
+    if kind in (0, 1, 2):
+        fields["op"] = _OP_NAMES[op] if op < len(_OP_NAMES) else op
+    if kind == 4:
+        fields["root"] = root
+    fields["algorithm"] = algorithm
+    return fn, fields
 
 
 def available() -> bool:

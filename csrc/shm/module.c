@@ -45,7 +45,7 @@ static PyObject *ShmOp_start(ShmOp *op, PyObject *unused) {
  * an exception (not started, or the segment closed or broken). */
 static int op_pending(ShmOp *op) {
     if (op->state == OP_DONE)
-        return 1;
+        return op->bad ? raise_mismatch(op) : 1;
     if (op->state == OP_NEW) {
         PyErr_SetString(PyExc_RuntimeError, "commlib.transports._shm: operation not started");
         return -1;
@@ -75,6 +75,8 @@ static PyObject *ShmOp_test(ShmOp *op, PyObject *unused) {
     }
     if (done) {
         sweep(g);
+        if (op->bad)
+            return raise_mismatch(op), NULL;
         Py_RETURN_TRUE;
     }
     if ((++op->polls & 1023) == 0) {
@@ -94,6 +96,8 @@ static PyObject *ShmOp_wait(ShmOp *op, PyObject *unused) {
     }
     if (op->state != OP_DONE && (check_usable(op->seg) < 0 || op_run(op) < 0))
         return NULL;
+    if (op->bad)
+        return raise_mismatch(op), NULL;
     Py_RETURN_NONE;
 }
 
@@ -262,12 +266,14 @@ static void Segment_dealloc(Segment *g) {
     Py_XDECREF(g->name);
     Py_XDECREF(g->error_cls);
     Py_XDECREF(g->broken_msg);
+    Py_XDECREF(g->on_mismatch);
     Py_TYPE(g)->tp_free((PyObject *)g);
 }
 
 static PyObject *Segment_close(Segment *g, PyObject *unused) {
     segment_unmap(g);
     Segment_release_fifo(g);
+    Py_CLEAR(g->on_mismatch); /* it may refer to the group that owns the segment */
     Py_RETURN_NONE;
 }
 
@@ -284,16 +290,18 @@ static int64_t find_shared(Segment *g, const char *p, size_t nbytes, size_t *off
     return -1;
 }
 
-/* op(kind, in_ptr, out_ptr, count, dtype, op, avg, root) -> ShmOp (not started).
+/* op(kind, in_ptr, out_ptr, count, dtype, op, avg, root[, call_dtype]) -> ShmOp (not started).
  * count: all_reduce/broadcast elements; reduce_scatter output elements; all_gather input
- * elements. avg: the divisor of AVG (group size) or 0. */
+ * elements. avg: the divisor of AVG (group size) or 0. call_dtype (0-255, default dtype): the
+ * caller's dtype in the call the peers compare, where the data moves as bytes. */
 static PyObject *Segment_op(Segment *g, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "op(kind, in_ptr, out_ptr, count, dtype, op, avg, root)");
+    if (nargs != 8 && nargs != 9) {
+        PyErr_SetString(PyExc_TypeError,
+                        "op(kind, in_ptr, out_ptr, count, dtype, op, avg, root[, call_dtype])");
         return NULL;
     }
-    long v[8];
-    for (int i = 0; i < 8; i++) {
+    long v[9];
+    for (int i = 0; i < nargs; i++) {
         v[i] = PyLong_AsLong(args[i]);
         if (v[i] == -1 && PyErr_Occurred())
             return NULL;
@@ -301,7 +309,8 @@ static PyObject *Segment_op(Segment *g, PyObject *const *args, Py_ssize_t nargs)
     if (check_usable(g) < 0)
         return NULL;
     if (v[0] < 0 || v[0] >= K_NKINDS || v[4] < 0 || v[4] >= CL_NDTYPES || v[5] < 0 ||
-        v[5] > CL_BXOR || v[3] < 0 || v[7] < 0 || v[7] >= g->n) {
+        v[5] > CL_BXOR || v[3] < 0 || v[7] < 0 || v[7] >= g->n ||
+        (nargs == 9 && (v[8] < 0 || v[8] > 255))) {
         PyErr_SetString(PyExc_ValueError, "commlib.transports._shm: bad operation arguments");
         return NULL;
     }
@@ -326,6 +335,11 @@ static PyObject *Segment_op(Segment *g, PyObject *const *args, Py_ssize_t nargs)
     op->chunk = g->slot / op->es / (op->kind == K_RS ? (size_t)g->n : 1);
     op->nchunks = (op->count + op->chunk - 1) / op->chunk;
     op->total = (int64_t)op->nchunks * STEPS_PER_CHUNK[op->kind];
+    /* the call the peers compare (AVG as op 7); op_start adds the first step */
+    op->call[0] = (uint64_t)op->count * op->es;
+    op->call[1] = (uint64_t)op->kind | (uint64_t)(nargs == 9 ? v[8] : v[4]) << 8 |
+                  (uint64_t)(op->avg ? 7 : op->op) << 16 | (uint64_t)op->root << 24;
+    op->bad = 0;
     /* streaming stores for the all-gather's output copies only: measured 1.4-2x faster from
      * 16 MiB at 2 ranks; the two-shot all-reduce's gather was 8-20% slower with them (its output
      * half written by the reduction with normal stores) and broadcast measured unevenly (faster
@@ -448,6 +462,16 @@ static int Segment_set_sleep(Segment *g, PyObject *v, void *unused) {
     return 0;
 }
 
+static PyObject *Segment_get_on_mismatch(Segment *g, void *unused) {
+    return Py_NewRef(g->on_mismatch ? g->on_mismatch : Py_None);
+}
+
+static int Segment_set_on_mismatch(Segment *g, PyObject *v, void *unused) {
+    Py_XINCREF(v);
+    Py_XSETREF(g->on_mismatch, v);
+    return 0;
+}
+
 static PyObject *Segment_get_int(Segment *g, void *which) {
     switch ((intptr_t)which) {
     case 0: return PyLong_FromLong(g->n);
@@ -461,7 +485,7 @@ static PyObject *Segment_get_int(Segment *g, void *which) {
 
 static PyMethodDef Segment_methods[] = {
     {"op", (PyCFunction)(void (*)(void))Segment_op, METH_FASTCALL,
-     "op(kind, in_ptr, out_ptr, count, dtype, op, avg, root) -> ShmOp"},
+     "op(kind, in_ptr, out_ptr, count, dtype, op, avg, root[, call_dtype]) -> ShmOp"},
     {"close", (PyCFunction)Segment_close, METH_NOARGS, "Unmap the segment."},
     {"share", (PyCFunction)Segment_share, METH_VARARGS,
      "share(addresses, nbytes) -> index: register a shared buffer (rank j's at addresses[j])"},
@@ -484,6 +508,9 @@ static PyGetSetDef Segment_getset[] = {
      "with sleep True: microseconds of sched_yield after spinning, before sleeping", (void *)1},
     {"nt_min", (getter)Segment_get_long, (setter)Segment_set_long,
      "outputs of at least this many bytes are written with streaming stores", (void *)2},
+    {"on_mismatch", (getter)Segment_get_on_mismatch, (setter)Segment_set_on_mismatch,
+     "on_mismatch(calls) -> exception: the error of an operation whose ranks called different "
+     "collectives; calls[j] = (kind, dtype, op, root, bytes, first step) of rank j", NULL},
     {"sleep", (getter)Segment_get_sleep, (setter)Segment_set_sleep,
      "after spinning: True sleeps on the lagging peer's flag (futex), False calls sched_yield",
      NULL},

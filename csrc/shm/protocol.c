@@ -10,19 +10,31 @@
  *
  *   header: magic, nranks, slot bytes, data offset, the pid of every rank
  *   flags:  one 128-byte line per rank: its step counter, its read counter (the last step it
- *           has finished reading) and, per parity, where its data of the step is
+ *           has finished reading) and, per parity, where its data of the step is and the call
+ *           it belongs to
  *   data:   2 regions ("parities") of `slot` bytes per rank
  *
  * Protocol. Every collective is a sequence of steps numbered 1, 2, 3, ... on the group (the same
  * numbers on every rank, since ranks issue collectives in the same order). In step s a rank
  *   1. writes its contribution into its own region of parity s & 1,
  *   2. publishes flag[rank] = s with a release store,
- *   3. waits until flag[j] >= s for every rank j (acquire loads), and
- *   4. reads the peers' regions of parity s & 1 (reduce or copy into its output).
+ *   3. waits until flag[j] >= s for every rank j (acquire loads),
+ *   4. compares every rank's call of the step (published with the flag: bytes, kind, dtype, op,
+ *      root, first step; two words per rank) with its own, and
+ *   5. reads the peers' regions of parity s & 1 (reduce or copy into its output).
  * Step s + 2 reuses the region of step s. That is safe without a closing barrier: a rank writes
  * step s + 2 only after completing step s + 1, i.e. after seeing every peer publish s + 1, and a
  * peer publishes s + 1 only after it finished reading step s. Release/acquire on the flags orders
  * the data writes before the flag on every architecture (no reliance on x86's store order).
+ *
+ * Agreement (step 4). Ranks that called different collectives (another size, dtype, op, root or
+ * kind) must not read each other's regions: the reads would run past a peer's data or reduce
+ * other types. Every rank sees the same calls of step s (a rank rewrites its call of parity s & 1
+ * only at step s + 2, after every rank has passed s + 1), so either all ranks find a difference
+ * or none; ranks that agree on an operation's first step agree on all its steps. On a difference
+ * every rank ends the operation, and those issued after it, without reading (mismatch()), keeps
+ * every rank's call for the error (ShmOp raises it: Segment.on_mismatch builds it), and the
+ * next operation starts at step s + 1 on every rank: the group stays usable.
  *
  * Shared buffers (Segment.share, commlib.shared_empty): memory every rank of the group maps.
  * When the data a rank provides (the all-gather's or reduce-scatter's input, the broadcast root's
@@ -227,6 +239,37 @@ static void do_read(ShmOp *op, int64_t idx) {
         cl_nt_fence(); /* the streaming stores land before the op reports this step done */
 }
 
+/* Whether every rank's call of the step of parity `p` is `op`'s (after the acquire loads of the
+ * peers' step flags): two words per rank, or-ed together, one branch. */
+static inline int calls_agree(ShmOp *op, int p) {
+    Segment *g = op->seg;
+    uint64_t d = 0;
+    for (int j = 0; j < g->n; j++)
+        d |= (g->flags[j].call[p][0] ^ op->call[0]) | (g->flags[j].call[p][1] ^ op->call[1]);
+    return d == 0;
+}
+
+/* The ranks disagree on the call of step `s` (see Agreement above): keep their calls for the
+ * error, end `op` and the operations issued after it without reading, and finish the step as
+ * every rank does, so that the next operation starts at step s + 1 on every rank. */
+static void mismatch(ShmOp *op, int64_t s) {
+    Segment *g = op->seg;
+    int p = (int)(s & 1);
+    for (int j = 0; j < g->n; j++) {
+        g->seen[j][0] = g->flags[j].call[p][0];
+        g->seen[j][1] = g->flags[j].call[p][1];
+    }
+    for (Py_ssize_t i = g->fifo_head; i < g->fifo_len; i++) {
+        g->fifo[i]->bad = 1;
+        g->fifo[i]->state = OP_DONE;
+    }
+    g->next_step = s + 1;
+    g->done_step = s;
+    flag_t *mine = &g->flags[g->rank];
+    atomic_store_explicit(&mine->read_step, (uint64_t)s, memory_order_seq_cst);
+    word_wake(&mine->read_step, &mine->ack_waiters);
+}
+
 /* A peer that has not finished reading step `s`, or -1. */
 static int lagging_reader(Segment *g, uint64_t s) {
     for (int j = 0; j < g->n; j++)
@@ -246,6 +289,8 @@ static int advance(ShmOp *op) {
                 return 0; /* an earlier operation of this segment is still running */
             do_write(op, op->cur);
             flag_t *mine = &g->flags[g->rank];
+            mine->call[s & 1][0] = op->call[0];
+            mine->call[s & 1][1] = op->call[1];
             atomic_store_explicit(&mine->step, (uint64_t)s, memory_order_seq_cst);
             word_wake(&mine->step, &mine->waiters);
             do_own(op, op->cur);
@@ -254,6 +299,10 @@ static int advance(ShmOp *op) {
         for (int j = 0; j < g->n; j++)
             if (atomic_load_explicit(&g->flags[j].step, memory_order_acquire) < (uint64_t)s)
                 return 0;
+        if (!calls_agree(op, (int)(s & 1))) {
+            mismatch(op, s);
+            return 1;
+        }
         do_read(op, op->cur);
         flag_t *mine = &g->flags[g->rank];
         atomic_store_explicit(&mine->read_step, (uint64_t)s, memory_order_seq_cst);
@@ -374,6 +423,41 @@ static int fail_dead(ShmOp *op, int j) {
     return -1;
 }
 
+/* Raise the error of an operation whose ranks disagreed (op->bad): on_mismatch's, given every
+ * rank's call as (kind, dtype, op, root, bytes, first step), or a plain one. */
+static int raise_mismatch(ShmOp *op) {
+    Segment *g = op->seg;
+    if (g->on_mismatch == NULL || g->on_mismatch == Py_None) {
+        PyErr_Format(g->error_cls, "commlib.%s: the ranks of group %R called different "
+                     "collectives (step %lld). Fix: make every rank call the same collective "
+                     "with the same size, dtype, op and root", KIND_NAMES[op->kind], g->name,
+                     (long long)op->s0);
+        return -1;
+    }
+    PyObject *calls = PyList_New(g->n);
+    if (calls == NULL)
+        return -1;
+    for (int j = 0; j < g->n; j++) {
+        uint64_t w = g->seen[j][1];
+        PyObject *row = Py_BuildValue("(iiiiKK)", (int)(w & 255), (int)(w >> 8 & 255),
+                                      (int)(w >> 16 & 255), (int)(w >> 24 & 255),
+                                      (unsigned long long)g->seen[j][0],
+                                      (unsigned long long)(w >> 32));
+        if (row == NULL) {
+            Py_DECREF(calls);
+            return -1;
+        }
+        PyList_SET_ITEM(calls, j, row);
+    }
+    PyObject *exc = PyObject_CallOneArg(g->on_mismatch, calls);
+    Py_DECREF(calls);
+    if (exc == NULL)
+        return -1;
+    PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+    Py_DECREF(exc);
+    return -1;
+}
+
 static int check_usable(Segment *g) {
     if (g->base == NULL) {
         PyErr_Format(g->error_cls, "commlib: the shared-memory segment of group %R is closed "
@@ -409,6 +493,8 @@ static int op_start(ShmOp *op) {
         g->fifo_cap = cap;
     }
     op->s0 = g->next_step;
+    op->call[1] = (op->call[1] & 0xffffffffULL) | (uint64_t)op->s0 << 32;
+    op->bad = 0;
     g->next_step += op->total;
     op->cur = 0;
     op->phase = 0;
@@ -465,7 +551,7 @@ static int op_run(ShmOp *op) {
     Segment *g = op->seg;
     if (locked_progress(op)) {
         sweep(g);
-        return 0;
+        return op->bad ? raise_mismatch(op) : 0;
     }
     PyThreadState *ts = NULL;
     unsigned long polls = 0;
@@ -511,5 +597,5 @@ static int op_run(ShmOp *op) {
     if (dead >= 0)
         return fail_dead(op, dead);
     sweep(g);
-    return 0;
+    return op->bad ? raise_mismatch(op) : 0;
 }

@@ -55,8 +55,13 @@ typedef struct {
      * `step`. */
     int64_t buf[2];
     uint64_t off[2];
-    char pad[CL_LINE - 6 * sizeof(uint64_t)];
+    /* Per parity: the call of the step (ShmOp.call: its bytes; its kind, dtype, op, root and
+     * first step), written with buf/off before the release store of `step`; every rank compares
+     * all of them with its own before it reads the step's data (calls_agree). */
+    uint64_t call[2][2];
+    char pad[CL_LINE - 11 * sizeof(uint64_t)];
 } flag_t;
+_Static_assert(sizeof(flag_t) == CL_LINE, "a flag line is one CL_LINE");
 
 typedef struct {
     uint64_t magic;
@@ -99,6 +104,10 @@ typedef struct {
     PyObject *broken_msg;
     PyObject *error_cls; /* raised when a peer died or the segment is unusable */
     PyObject *name;      /* the group's name, for messages */
+    /* on_mismatch(calls) -> exception: the error of an operation whose ranks disagreed, built
+     * from every rank's call of the step (`seen`, kept by mismatch()); None: a plain one. */
+    PyObject *on_mismatch;
+    uint64_t seen[CL_MAX_RANKS][2];
     /* Shared buffers (Segment.share): buffer k of rank j is mapped here at shared[k * n + j],
      * `shared_len[k]` bytes; 0 once this rank's own buffer k is gone (its address may be reused). */
     char **shared;
@@ -120,6 +129,9 @@ struct ShmOp {
     int64_t shared;    /* the shared buffer holding the data this rank provides, or -1 */
     size_t shared_off; /* its byte offset in that buffer */
     int state;
+    int bad;          /* ended without reading: the ranks disagreed on the call (mismatch()) */
+    uint64_t call[2]; /* what the peers compare (flag_t.call): bytes; kind | dtype << 8 | op << 16
+                       * | root << 24 | first step << 32 (set by op_start) */
     unsigned long polls;
 };
 
@@ -147,5 +159,6 @@ static int fail_dead(ShmOp *op, int j);
 static int check_usable(Segment *g);
 static int op_start(ShmOp *op);
 static int op_run(ShmOp *op);
+static int raise_mismatch(ShmOp *op);
 
 #endif

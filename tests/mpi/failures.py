@@ -3,6 +3,10 @@ job:
 
 * ``debug`` (COMMLIB_DEBUG=1): ranks disagree on shape, dtype, op, root, the collective, or one
   rank's own arguments fail; every rank must raise within a few seconds, naming the ranks.
+* ``always`` (no COMMLIB_DEBUG): on the shared-memory path, ranks that disagree on the count,
+  dtype, op, root or the collective raise CommMismatchError on every rank, naming both calls
+  (the segment compares the calls published with each step), and the group stays usable; the
+  ring on the MPI engine turns a truncated message into CommMismatchError.
 * ``timeout`` (COMMLIB_TIMEOUT_MODE=raise, COMMLIB_TIMEOUT=3): a rank skips a collective; the
   others raise CommTimeoutError naming op, group and sequence number, then the group is unusable.
   Each scenario runs on its own group, so the world stays usable and the skipped call is made up
@@ -51,6 +55,7 @@ class expect:
             assert fragment in str(exc), f"{where}: {fragment!r} not in {exc}"
         assert self.at_least <= took <= self.limit, f"{where}: raised after {took:.2f} s"
         report.append((self.scenario, kind.__name__))
+        self.exc = exc
         os.write(1, f"rank {r} caught {self.scenario} {kind.__name__}\n".encode())
         return True
 
@@ -121,6 +126,48 @@ def debug_scenarios():
     assert torch.equal(t, torch.full((3,), float(n))), t
 
 
+def always_scenarios():
+    Mismatch = commlib.CommMismatchError
+    assert "COMMLIB_DEBUG" not in os.environ and commlib.get_world_group().shm is not None
+    last, rest = n - 1, others(n - 1)
+    names = f"ranks [{last}] differ from ranks {rest}"
+    odd = "ranks [1] differ from ranks [0]" if n == 2 else f"ranks [0] differ from ranks {others(0)}"
+    cases = [
+        ("count", ("commlib.all_reduce", names, "count=4", "count=5", "operation #1", "'world'"),
+         lambda: commlib.all_reduce(torch.ones(5 if r == last else 4))),
+        ("dtype", (names, "dtype=float64", "dtype=float32", "operation #3"),
+         lambda: commlib.all_reduce(torch.ones(3, dtype=torch.float64 if r == last else torch.float32))),
+        ("op", (names, "op=MAX", "op=SUM"),
+         lambda: commlib.all_reduce(torch.ones(3), op="max" if r == last else "sum")),
+        ("root", ("commlib.broadcast", names, "root=0", f"root={last}"),
+         lambda: commlib.broadcast(torch.ones(3), src=last if r == last else 0)),
+        ("collective", (odd, "all_reduce(count=2, dtype=float32", "all_gather_into_tensor(count=2"),
+         lambda: commlib.all_reduce(torch.ones(2)) if r == 0
+         else commlib.all_gather_into_tensor(torch.empty(2 * n), torch.ones(2))),
+        ("async", (names, "count=1000", "count=1001"),  # found by Work.wait()
+         lambda: commlib.all_reduce(torch.ones(1001 if r == last else 1000), async_op=True).wait()),
+    ]
+    for scenario, fragments, call in cases:
+        with expect(scenario, Mismatch, *fragments) as e:
+            call()
+        if r == 0 and scenario == "count":
+            print(f"message: {e.exc}", flush=True)
+        t = torch.ones(3)  # the group stays in step and usable
+        commlib.all_reduce(t)
+        assert torch.equal(t, torch.full((3,), float(n))), (scenario, t)
+    # the ring on the MPI engine: the rank whose receive is too small for the peer's chunk (4
+    # vs 5 elements at 2 ranks: rank 0) has MPI's truncation error translated
+    if n == 2:
+        g = commlib.new_group(timeout=2)
+        if r == 0:
+            with expect("ring_truncated", Mismatch, "rank 0 of 2", "longer than its receive "
+                        "buffer", "different sizes"):
+                commlib.all_reduce(torch.ones(4), group=g, algorithm="ring")
+        else:
+            with expect("ring_truncated", commlib.CommTimeoutError, "commlib.all_reduce"):
+                commlib.all_reduce(torch.ones(5), group=g, algorithm="ring")
+
+
 def timeout_scenarios():
     Timeout, State = commlib.CommTimeoutError, commlib.CommStateError
     assert commlib.get_world_group().timeout == 3.0  # from COMMLIB_TIMEOUT
@@ -187,6 +234,6 @@ def uncaught_scenario():
 
 
 if __name__ == "__main__":
-    {"debug": debug_scenarios, "timeout": timeout_scenarios, "abort": abort_scenario,
+    {"debug": debug_scenarios, "always": always_scenarios, "timeout": timeout_scenarios, "abort": abort_scenario,
      "uncaught": uncaught_scenario}[sys.argv[1]]()
     summary()
