@@ -25,6 +25,7 @@ import torch.distributed
 from .. import config
 from ..errors import CommArgumentError, CommBackendError, CommStateError, CommTypeError, arg_error
 from ..ops import ReduceOp
+from ..engines.torch_dist import release_default_group
 from ..runtime.group import Group
 from ..runtime.group import state as _state
 from .groups import finalize, get_world_group, init, resolve_group
@@ -178,13 +179,15 @@ def _init_torch(name, init_method, seconds, world_size, rank, store, group_name,
 def destroy_process_group(group: Group | None = None) -> None:
     """torch.distributed's ``destroy_process_group``: with no group (or the world group), release
     every group (``commlib.finalize``) and torch's default process group if
-    ``init_process_group`` created it; with a group, release that group only: calls on it raise
+    ``init_process_group`` created it, or ``commlib.init()`` from torchrun's variables (the next
+    ``init()`` then rendezvouses again: a restart after a failure); with a group, release that group only: calls on it raise
     ``CommStateError`` afterwards. Collective over the group's ranks for the MPI engine."""
     if group is None or group is _state.world:
         finalize()
         if _Owned.torch_group and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
         _Owned.torch_group = False
+        release_default_group()  # the one commlib.init() created from torchrun's variables
         return
     if not isinstance(group, Group):
         raise arg_error("destroy_process_group", "group", group, "must be a commlib.Group or None",

@@ -341,6 +341,10 @@ class TorchBackend(Backend):
                         return False
             elif not h.is_completed():
                 return False
+            else:
+                # A Work that failed (a peer's connection closed) is completed too: wait()
+                # returns at once and raises its error, which is_completed() never does.
+                h.wait()
         return True
 
     def wait(self, handles: list) -> None:
@@ -484,6 +488,24 @@ def _store(prefix: str):
 _ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
+class _FROM_ENV:
+    """The default process group commlib created from the environment: the rendezvous store
+    (kept for restarts), how many restarts, and whether the current default group is commlib's."""
+    store = None
+    restarts = 0
+    owns_default = False
+
+
+def release_default_group() -> None:
+    """Destroy torch's default process group if commlib created it from the environment
+    (``commlib.destroy_process_group``), so that the next ``init()`` makes a new one: after a
+    failure the old group's engine state is unknown (a timed-out operation may still be pending
+    on some ranks and not others), and reusing it would match the wrong operations."""
+    if _FROM_ENV.owns_default and dist.is_initialized():
+        dist.destroy_process_group()
+    _FROM_ENV.owns_default = False
+
+
 def _init_from_env() -> None:
     """``init_process_group`` from torchrun's variables: nccl when CUDA is usable, else gloo."""
     missing = [k for k in _ENV if k not in os.environ]
@@ -502,7 +524,18 @@ def _init_from_env() -> None:
         torch.cuda.set_device(local)
         kwargs["device_id"] = torch.device("cuda", local)
     try:
-        dist.init_process_group(kind, init_method="env://", **kwargs)
+        if _FROM_ENV.store is None:
+            dist.init_process_group(kind, init_method="env://", **kwargs)
+            _FROM_ENV.store = dist.distributed_c10d._get_default_store()
+        else:
+            # A restart in the same process (destroy_process_group, then init): the first
+            # world's store (rank 0's server still holds MASTER_PORT), under a key space of its
+            # own, since the store keeps the previous worlds' keys.
+            _FROM_ENV.restarts += 1
+            store = dist.PrefixStore(f"commlib/restart/{_FROM_ENV.restarts}", _FROM_ENV.store)
+            dist.init_process_group(kind, store=store, rank=int(os.environ["RANK"]),
+                                    world_size=int(os.environ["WORLD_SIZE"]), **kwargs)
+        _FROM_ENV.owns_default = True
     except (RuntimeError, ValueError) as exc:
         raise CommBackendError(
             f"commlib.init(): backend 'torch': init_process_group({kind!r}) from the environment "

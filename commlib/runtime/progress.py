@@ -60,7 +60,7 @@ from typing import Generator
 import torch
 
 from .. import config
-from ..errors import CommStateError, CommTimeoutError
+from ..errors import CommBackendError, CommError, CommStateError, CommTimeoutError
 from .group import state
 
 __all__ = ["Work", "completed_work", "drive", "set_progress", "shutdown", "start", "unusable"]
@@ -90,6 +90,25 @@ def _expire(group, what: str, seq: int, limit: float):
     group.broken = (f"operation #{seq} ({what}) timed out, leaving the engine's state unknown. "
                     f"Fix: restart the job")
     raise CommTimeoutError(message)
+
+
+def _engine_failure(exc: BaseException, group, what: str, seq: int) -> BaseException:
+    """An engine's own error (gloo's "Connection closed by peer", an ``MPI.Exception``: both
+    RuntimeErrors) as the ``CommBackendError`` commlib promises, naming the op, the group and its
+    sequence number; the group is unusable afterwards. commlib's own errors pass unchanged."""
+    if isinstance(exc, CommError) or not isinstance(exc, RuntimeError):
+        return exc
+    engine = group.backend.name if group.backend is not None else "?"
+    text = " ".join(str(exc).split())
+    group.broken = (f"operation #{seq} ({what}) failed in the {engine} engine ({text}). Fix: "
+                    f"restart (commlib.destroy_process_group(), then commlib.init())")
+    error = CommBackendError(
+        f"commlib.{what}: operation #{seq} on group {group.name!r} (size {group.size}) failed on "
+        f"rank {group.rank} in the {engine} engine: {type(exc).__name__}: {text}. A peer process "
+        f"probably exited or was killed. Fix: find why that rank ended (its own output), then "
+        f"restart (commlib.destroy_process_group(), then commlib.init()) or relaunch the job.")
+    error.__cause__ = exc
+    return error
 
 
 # Held by the caller's thread while it drives operations (and advances every pending one), so
@@ -149,9 +168,12 @@ def _drive(gen, handles, group, what: str, seq: int, limit: float | None, me):
                 _yield()
     except StopIteration as done:
         return done.value
-    except BaseException:
+    except BaseException as exc:
         _ABANDONED.append((gen, handles))
-        raise
+        failure = _engine_failure(exc, group, what, seq)
+        if failure is exc:
+            raise
+        raise failure from exc
 
 
 def _one_step(handles):
@@ -237,9 +259,11 @@ class Work:
         except StopIteration as done:
             self._finish(done.value)
         except BaseException as exc:
-            self._error = exc
+            self._error = failure = _engine_failure(exc, self._group, self._what, self._seq)
             self._finish(None, failed=True)
-            raise
+            if failure is exc:
+                raise
+            raise failure from exc
         return self._done
 
     def _expire_if_late(self, now: float) -> None:
