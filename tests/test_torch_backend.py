@@ -137,6 +137,12 @@ def test_init_without_environment_says_how(monkeypatch):
     assert "torchrun" in text and "MASTER_PORT" in text and "Fix:" in text
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_waiting_for_a_late_peer_does_not_spin(n):
+    out = run_torch(n, ["case_late_peer_waits_without_spinning"], COMMLIB_SHM="0")
+    assert f"ok case_late_peer_waits_without_spinning (world size {n})" in out, out
+
+
 def test_engine_tables():
     from commlib.engines import torch_dist as td
     from commlib.ops import ReduceOp

@@ -229,6 +229,16 @@ class _Local:
         self.buf, self.done = buf, done
 
 
+def _wait_for(work, seconds: float) -> None:
+    """Block up to ``seconds`` in a gloo collective's ``wait()``. Its timeout ("Operation timed
+    out!") ends only the wait: the Work goes on. A Work that failed raises here too, and again
+    from ``test()``, which waits on it once it reports completed."""
+    try:
+        work.wait(timedelta(seconds=seconds))
+    except RuntimeError:
+        pass
+
+
 def _source_rank(work) -> int:
     fn = getattr(work, "_source_rank", None) or work.source_rank
     return int(fn())
@@ -361,12 +371,21 @@ class TorchBackend(Backend):
                 h.wait()
 
     def idle(self, handles: list, seconds: float) -> bool:
-        # A gloo transfer completes on its waiter thread: block on its event rather than spin,
-        # which would only take the core (and the GIL) from the threads that complete it.
+        # A gloo transfer completes on its waiter thread (point-to-point) or on gloo's worker
+        # threads (collectives): block until it does rather than spin, which would only take the
+        # core (and the GIL) from the threads that complete it. Measured at 3 ranks on 2 cores
+        # (bench/soak.py): spinning on is_completed() left steps of 3-28 s in which gloo's
+        # workers waited for a core.
         for h in handles:
-            if isinstance(h, _P2P) and not h.done and h.event is not None:
-                h.wait_for(seconds)
-                return True
+            if isinstance(h, _P2P):
+                if not h.done and h.event is not None:
+                    h.wait_for(seconds)
+                    return True
+            elif not self._pollable and isinstance(h, (dist.Work, _Composite)):
+                for w in (h.works if isinstance(h, _Composite) else (h,)):
+                    if not w.is_completed():
+                        _wait_for(w, seconds)
+                        return True
         return False
 
     def source_of(self, handle) -> int | None:

@@ -218,6 +218,27 @@ def case_barrier():
     assert work.is_completed()
 
 
+def case_late_peer_waits_without_spinning():
+    """The last rank enters 1 s late: the others wait for gloo's collective blocked in its
+    Work, not spinning on is_completed() (which took the core from gloo's workers: steps of
+    3-28 s at 3 ranks on 2 cores). Their main thread's CPU time over the wait is the measure."""
+    import time
+    rank, n = world()
+    late = 1.0
+    for async_op in (False, True):
+        t = torch.full((1 << 16,), float(rank + 1))
+        if rank == n - 1:
+            time.sleep(late)
+        wall, cpu = time.monotonic(), time.thread_time()
+        work = commlib.all_reduce(t, async_op=async_op)
+        if async_op:
+            work.wait()
+        wall, cpu = time.monotonic() - wall, time.thread_time() - cpu
+        assert torch.equal(t, torch.full_like(t, n * (n + 1) / 2)), async_op
+        if rank != n - 1:
+            assert wall >= 0.8 * late and cpu < 0.25 * wall, (async_op, wall, cpu)
+
+
 # ----- point-to-point ----------------------------------------------------------------------
 def case_send_recv_ring():
     rank, n = world()
