@@ -25,7 +25,7 @@ import torch.distributed
 from .. import config
 from ..errors import CommArgumentError, CommBackendError, CommStateError, CommTypeError, arg_error
 from ..ops import ReduceOp
-from ..engines.torch_dist import release_default_group
+from ..engines.torch_dist import release_default_group, restart_store
 from ..runtime.group import Group
 from ..runtime.group import state as _state
 from .groups import finalize, get_world_group, init, resolve_group
@@ -165,6 +165,12 @@ def _init_torch(name, init_method, seconds, world_size, rank, store, group_name,
     if group_name:
         kwargs["group_name"] = group_name
     backend = None if name in (None, "commlib") else name
+    again = restart_store() if store is None and init_method in (None, "env://") else None
+    if again is not None:  # a new world after destroy_process_group(): the first one's store
+        kwargs.update(init_method=None, store=again,
+                      rank=int(os.environ["RANK"]) if rank in (None, -1) else rank,
+                      world_size=int(os.environ["WORLD_SIZE"]) if world_size in (None, -1)
+                      else world_size)
     try:
         torch.distributed.init_process_group(backend, **kwargs)
     except (RuntimeError, ValueError, TypeError) as exc:

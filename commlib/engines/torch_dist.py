@@ -515,6 +515,16 @@ class _FROM_ENV:
     owns_default = False
 
 
+def restart_store():
+    """The store for a new default group in a process whose first one commlib made from the
+    environment (None if it did not): that world's store, since rank 0's server still holds
+    MASTER_PORT, under a key space of its own, since the store keeps the previous worlds' keys."""
+    if _FROM_ENV.store is None:
+        return None
+    _FROM_ENV.restarts += 1
+    return dist.PrefixStore(f"commlib/restart/{_FROM_ENV.restarts}", _FROM_ENV.store)
+
+
 def release_default_group() -> None:
     """Destroy torch's default process group if commlib created it from the environment
     (``commlib.destroy_process_group``), so that the next ``init()`` makes a new one: after a
@@ -546,13 +556,8 @@ def _init_from_env() -> None:
         if _FROM_ENV.store is None:
             dist.init_process_group(kind, init_method="env://", **kwargs)
             _FROM_ENV.store = dist.distributed_c10d._get_default_store()
-        else:
-            # A restart in the same process (destroy_process_group, then init): the first
-            # world's store (rank 0's server still holds MASTER_PORT), under a key space of its
-            # own, since the store keeps the previous worlds' keys.
-            _FROM_ENV.restarts += 1
-            store = dist.PrefixStore(f"commlib/restart/{_FROM_ENV.restarts}", _FROM_ENV.store)
-            dist.init_process_group(kind, store=store, rank=int(os.environ["RANK"]),
+        else:  # a restart in the same process (destroy_process_group, then init)
+            dist.init_process_group(kind, store=restart_store(), rank=int(os.environ["RANK"]),
                                     world_size=int(os.environ["WORLD_SIZE"]), **kwargs)
         _FROM_ENV.owns_default = True
     except (RuntimeError, ValueError) as exc:
