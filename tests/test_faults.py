@@ -36,7 +36,10 @@ gloo     env       all_to_all_single (0)        barrier (1)                  all
 (``CASES``, printed by ``pytest -v``, is the source of this table.) What the survivors see:
 kill on shm: ``CommBackendError`` "rank V of group 'world' (pid P) exited during a
 shared-memory collective", in ~0.1 s; kill on gloo: ``CommBackendError`` from gloo's "Connection
-closed by peer" / "Connection reset by peer", in ~0.1 s; kill on mpi, stop and raise:
+closed by peer" / "Connection reset by peer", in ~0.1 s; kill on mpi: ``CommBackendError``
+"PeerDied: rank V (pid P) on this host died during the operation" once the survivor's operation
+completes (commlib/engines/lifeline.py: MPI's single-copy reads of a dying rank's memory return
+zeros, which without that check gave wrong sums), else ``CommTimeoutError``; stop and raise:
 ``CommTimeoutError`` after the 3 s timeout. mpiexec and torchrun end the job themselves when a
 rank dies by a signal (hydra kills the others, even with -disable-auto-cleanup; torchrun's agent
 sends them SIGTERM within 0.1 s), so under those two a killed rank's survivors either report their

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import zlib
 from typing import Sequence
 
@@ -22,6 +23,7 @@ from ..errors import CommBackendError, CommMismatchError
 from ..ops import ReduceOp
 from . import register_backend
 from .base import Backend, mpi_world_ranks
+from .lifeline import Lifelines
 
 _MPI_OPS = {
     ReduceOp.SUM: MPI.SUM,
@@ -35,6 +37,25 @@ _MPI_OPS = {
 }
 
 _DONE = MPI.REQUEST_NULL  # the handle of a call that already completed (Test() is True)
+
+# MPICH's threshold for its single-copy intranode messages (MPIR_CVAR_CH4_IPC_CMA_P2P_THRESHOLD,
+# 8 KiB by default): a planned blocking call below it reads no peer's memory, so skips the check.
+_SINGLE_COPY_BYTES = int(os.environ.get("MPIR_CVAR_CH4_IPC_CMA_P2P_THRESHOLD", "8192") or 8192)
+
+
+def _host_lifelines(comm: "MPI.Comm") -> Lifelines | None:
+    """The lifelines of this host's ranks of ``comm`` (collective over ``comm``), or None when
+    no other rank is on this host."""
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        if local.Get_size() == 1:
+            return None
+        ranks = local.allgather(comm.Get_rank())
+        return Lifelines.create(local.Get_rank(), local.Get_size(),
+                                lambda: local.allgather(os.getpid()), ranks,
+                                lambda name: local.bcast(name, 0), local.Barrier)
+    finally:
+        local.Free()
 
 # Reductions need the element type; pure data movement goes as bytes, which covers every dtype
 # (float16 and bfloat16 included, which MPI cannot reduce).
@@ -72,18 +93,25 @@ class _AnySource:
 class MPIBackend(Backend):
     devices = frozenset({"cpu", "cuda"})
 
-    def __init__(self, comm: "MPI.Comm"):
+    def __init__(self, comm: "MPI.Comm", lines: Lifelines | None = None):
         self.comm = comm.Dup()
         self.user = comm.Dup()
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self._cuda_aware: bool | None = None
+        # This host's lifelines (commlib/engines/lifeline.py): after each completion, a member on
+        # this host that died during it fails the operation instead of leaving zeros in its result
+        self._lines = lines
+        self._watch = lines.watch(self.global_ranks()) if lines is not None else None
+        self._owns_lines = False
 
     @classmethod
     def create_world(cls, **options) -> "MPIBackend":
         if not MPI.Is_initialized():
             MPI.Init()
-        return cls(MPI.COMM_WORLD)
+        world = cls(MPI.COMM_WORLD, _host_lifelines(MPI.COMM_WORLD))
+        world._owns_lines = True
+        return world
 
     def new_subgroup(self, ranks: Sequence[int]) -> "MPIBackend | None":
         ranks = list(ranks)
@@ -94,7 +122,7 @@ class MPIBackend(Backend):
         if sub == MPI.COMM_NULL:
             return None
         try:
-            return MPIBackend(sub)
+            return MPIBackend(sub, self._lines)
         finally:
             sub.Free()
 
@@ -105,7 +133,7 @@ class MPIBackend(Backend):
         finally:
             incl.Free()
         try:
-            return MPIBackend(sub)
+            return MPIBackend(sub, self._lines)
         finally:
             sub.Free()
 
@@ -114,7 +142,7 @@ class MPIBackend(Backend):
             if self.rank in line:
                 sub = self.comm.Split(color, list(line).index(self.rank))
                 try:
-                    return MPIBackend(sub)
+                    return MPIBackend(sub, self._lines)
                 finally:
                     sub.Free()
         raise ValueError(f"rank {self.rank} is in no line of {lines}")
@@ -126,6 +154,8 @@ class MPIBackend(Backend):
         for comm in (self.comm, self.user):
             if comm != MPI.COMM_NULL and not MPI.Is_finalized():
                 comm.Free()
+        if self._owns_lines and self._lines is not None:
+            self._lines.close()
 
     def abort(self, code: int = 1) -> None:
         MPI.COMM_WORLD.Abort(code)
@@ -163,6 +193,8 @@ class MPIBackend(Backend):
         except MPI.Exception as exc:
             self._truncated(exc)
             raise
+        if self._watch is not None:
+            self._watch.check()
         return True
 
     def wait(self, handles: list) -> None:
@@ -177,6 +209,8 @@ class MPIBackend(Backend):
         except MPI.Exception as exc:
             self._truncated(exc)
             raise
+        if self._watch is not None:
+            self._watch.check()
 
     def _truncated(self, exc: "MPI.Exception") -> None:
         if exc.Get_error_class() == MPI.ERR_TRUNCATE:
@@ -213,7 +247,7 @@ class MPIBackend(Backend):
             call(*args)
         finally:
             self.inflight = None
-        return _DONE
+        return _DONE  # the runtime completes it through test() or wait(), which check lifelines
 
     def all_reduce(self, buf, op, blocking=False):
         data = buf.numpy() if not buf.is_cuda else self._buf(buf)  # inline: the latency path
@@ -228,8 +262,17 @@ class MPIBackend(Backend):
         view = np.ctypeslib.as_array(
             ctypes.cast(buf.data_ptr(), ctypes.POINTER(ctypes.c_ubyte)), shape=(buf.nbytes,)
         ).view(buf.numpy().dtype)
-        call = self.comm.Allreduce if blocking else self.comm.Iallreduce
-        return functools.partial(call, MPI.IN_PLACE, view, _MPI_OPS[op])
+        call = functools.partial(self.comm.Allreduce if blocking else self.comm.Iallreduce,
+                                 MPI.IN_PLACE, view, _MPI_OPS[op])
+        watch = self._watch
+        if not blocking or watch is None or buf.nbytes < _SINGLE_COPY_BYTES:
+            return call  # non-blocking: checked at completion (test, wait)
+
+        def checked():
+            call()
+            watch.check()
+            return _DONE
+        return checked
 
     def broadcast(self, buf, root, blocking=False):
         return self._run(blocking, "broadcast", self.comm.Bcast, self.comm.Ibcast,

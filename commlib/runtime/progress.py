@@ -92,7 +92,7 @@ def _expire(group, what: str, seq: int, limit: float):
     raise CommTimeoutError(message)
 
 
-def _engine_failure(exc: BaseException, group, what: str, seq: int) -> BaseException:
+def engine_failure(exc: BaseException, group, what: str, seq: int) -> BaseException:
     """An engine's own error (gloo's "Connection closed by peer", an ``MPI.Exception``: both
     RuntimeErrors) as the ``CommBackendError`` commlib promises, naming the op, the group and its
     sequence number; the group is unusable afterwards. commlib's own errors pass unchanged."""
@@ -170,7 +170,7 @@ def _drive(gen, handles, group, what: str, seq: int, limit: float | None, me):
         return done.value
     except BaseException as exc:
         _ABANDONED.append((gen, handles))
-        failure = _engine_failure(exc, group, what, seq)
+        failure = engine_failure(exc, group, what, seq)
         if failure is exc:
             raise
         raise failure from exc
@@ -259,7 +259,7 @@ class Work:
         except StopIteration as done:
             self._finish(done.value)
         except BaseException as exc:
-            self._error = failure = _engine_failure(exc, self._group, self._what, self._seq)
+            self._error = failure = engine_failure(exc, self._group, self._what, self._seq)
             self._finish(None, failed=True)
             if failure is exc:
                 raise
