@@ -99,9 +99,11 @@ class Lifelines:
         finally:
             if fd >= 0:
                 os.close(fd)
-            barrier()  # every local rank has mapped it (or failed): it needs no name any more
-            if index == 0:
-                os.unlink(name)
+            try:
+                barrier()  # every local rank has mapped it (or failed): it needs no name any more
+            finally:
+                if index == 0:
+                    os.unlink(name)
         attr = ctypes.create_string_buffer(64)  # pthread_mutexattr_t, with room to spare
         mutex = ctypes.c_char.from_buffer(mem, index * _SLOT)
         ok = (libc.pthread_mutexattr_init(attr) == 0
