@@ -8,7 +8,6 @@ commlib's collectives and algorithm steps, one for the user's point-to-point, so
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import os
 import zlib
@@ -41,6 +40,18 @@ _DONE = MPI.REQUEST_NULL  # the handle of a call that already completed (Test() 
 # MPICH's threshold for its single-copy intranode messages (MPIR_CVAR_CH4_IPC_CMA_P2P_THRESHOLD,
 # 8 KiB by default): a planned blocking call below it reads no peer's memory, so skips the check.
 _SINGLE_COPY_BYTES = int(os.environ.get("MPIR_CVAR_CH4_IPC_CMA_P2P_THRESHOLD", "8192") or 8192)
+
+
+class _Memory:
+    """``nbytes`` at address ``ptr``, for ``np.asarray``: an array over memory it does not own.
+    (``np.ctypeslib.as_array`` makes a ctypes array type per length, which ctypes keeps for the
+    process's life: ~1 KiB per distinct size, the soak's RSS drift on this engine.)"""
+
+    __slots__ = ("__array_interface__",)
+
+    def __init__(self, ptr: int, nbytes: int):
+        self.__array_interface__ = {"data": (ptr, False), "shape": (nbytes,), "typestr": "|u1",
+                                    "version": 3}
 
 
 def _host_lifelines(comm: "MPI.Comm") -> Lifelines | None:
@@ -259,9 +270,7 @@ class MPIBackend(Backend):
         if buf.is_cuda:
             return None
         # A NumPy view of buf's memory that does not own it: the plan must not keep buf alive.
-        view = np.ctypeslib.as_array(
-            ctypes.cast(buf.data_ptr(), ctypes.POINTER(ctypes.c_ubyte)), shape=(buf.nbytes,)
-        ).view(buf.numpy().dtype)
+        view = np.asarray(_Memory(buf.data_ptr(), buf.nbytes)).view(buf.numpy().dtype)
         call = functools.partial(self.comm.Allreduce if blocking else self.comm.Iallreduce,
                                  MPI.IN_PLACE, view, _MPI_OPS[op])
         watch = self._watch
