@@ -45,7 +45,7 @@ _SINGLE_COPY_BYTES = int(os.environ.get("MPIR_CVAR_CH4_IPC_CMA_P2P_THRESHOLD", "
 class _Memory:
     """``nbytes`` at address ``ptr``, for ``np.asarray``: an array over memory it does not own.
     (``np.ctypeslib.as_array`` makes a ctypes array type per length, which ctypes keeps for the
-    process's life: ~1 KiB per distinct size, the soak's RSS drift on this engine.)"""
+    process's life: ~1 KiB per distinct size, most of the Python heap growth in bench/soak.py.)"""
 
     __slots__ = ("__array_interface__",)
 
