@@ -57,10 +57,20 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-from mpi4py import MPI
 
-import commlib
-from commlib import ReduceOp
+# UCX (MPICH's ch4:ucx netmod) queues a registration-cache invalidation entry for every munmap in
+# the process, in memory of its own, and frees the queue only when UCX next registers memory,
+# which never happens while every rank is on one host: RSS then grows ~135 bytes per freed
+# buffer, with or without commlib (docs/reliability.md: a plain torch loop after
+# `from mpi4py import MPI` grows 135 B/op; with the cache off, 0). The soak measures commlib's
+# memory, so it turns UCX's cache off before MPI starts, unless --ucx-rcache keeps it.
+if "--ucx-rcache" not in sys.argv:
+    os.environ.setdefault("UCX_RCACHE_ENABLE", "no")
+
+from mpi4py import MPI  # noqa: E402
+
+import commlib  # noqa: E402
+from commlib import ReduceOp  # noqa: E402
 
 MiB = 1 << 20
 POOL_BYTES = 17 * MiB
@@ -777,6 +787,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sample-every", type=float, default=5.0,
                    help="seconds between RSS samples written to the JSON (default 5)")
     p.add_argument("--json", help="write the rows as JSON to this file (rank 0)")
+    p.add_argument("--ucx-rcache", action="store_true",
+                   help="keep UCX's registration cache on (UCX_RCACHE_ENABLE unset): RSS then "
+                        "includes UCX's invalidation queue, ~135 B per freed buffer on one host")
     # for testing the checker: rank 0 corrupts one element of every 10th operation's result
     p.add_argument("--inject-error", action="store_true", help=argparse.SUPPRESS)
     return p
