@@ -701,9 +701,12 @@ def run_backend(name: str, args, comm) -> dict:
         soak.run_batch(tally)  # its tensors are freed when it returns
         if tally.batches % args.sync_every == 0:
             now = time.monotonic() - t0
-            # rank 0's clock decides, so every rank stops after the same operation
-            stop = comm.bcast(now >= args.seconds if rank == 0 else None)
-            if base is None and (now >= args.warmup or stop):
+            # rank 0's clock decides, so that every rank ends the warm-up (a barrier) and the run
+            # after the same operation: with each rank's own clock, one rank could enter the
+            # warm-up's barrier while the others went on to the next collective (a hang, seen
+            # in CI at 3 ranks on a loaded machine)
+            stop, warm = comm.bcast((now >= args.seconds, now >= args.warmup) if rank == 0 else None)
+            if base is None and (warm or stop):
                 comm.Barrier()
                 base = (health(), tally.ops, time.monotonic())
             if now >= next_sample:  # the RSS curve, for the JSON (this rank's own clock)
