@@ -14,12 +14,15 @@ case prints ``FAILED rank R case: traceback`` and the uncaught exception aborts 
 
 from __future__ import annotations
 
+import faulthandler
 import sys
 import traceback
 
 import torch
 
 torch.set_num_threads(1)
+
+STACKS_AFTER = 50  # s: under commlib's 60 s test timeout, so that a hang's stacks come first
 
 
 def expect_error(fn, *words, kind=None):
@@ -49,12 +52,17 @@ def main(namespace: dict, *modules) -> None:
         cases.update({k: v for k, v in vars(module).items() if k.startswith("case_")})
     names = sys.argv[1:] or sorted(cases)
     for name in names:
+        # a case still running after STACKS_AFTER s writes every thread's stack to stderr (the
+        # test prints each rank's stderr on failure): a rare hang then shows where each rank was
+        faulthandler.dump_traceback_later(STACKS_AFTER, exit=False)
         try:
             cases[name]()
         except BaseException:
             sys.stderr.write(f"FAILED rank {rank} {name}:\n{traceback.format_exc()}")
             sys.stderr.flush()
             raise
+        finally:
+            faulthandler.cancel_dump_traceback_later()
         if rank == 0:
             print(f"ok {name} (world size {commlib.get_world_size()})", flush=True)
     commlib.barrier()
