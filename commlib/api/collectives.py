@@ -40,7 +40,8 @@ from ..runtime.group import Group
 from ..runtime.mismatch import describe
 from ..runtime.plans import PLANS as _PLANS
 from ..runtime.plans import planned_pair, remember, remember_pair
-from ..runtime.progress import _ABANDONED, completed_work, drive, engine_failure, start, unusable
+from ..runtime.progress import (_ABANDONED, completed_work, drive, raise_engine_failure, start,
+                                unusable)
 from ..runtime.tensors import as_tensor, overlaps, work_view
 from ..tuning import select
 from .groups import resolve_group
@@ -274,10 +275,7 @@ def _run_plan(g: Group, post, tensor, what: str = "all_reduce") -> None:
     try:
         post()
     except RuntimeError as exc:  # the engine's error, as the CommBackendError of the operation
-        failure = engine_failure(exc, g, what, g.seq)
-        if failure is exc:
-            raise
-        raise failure from exc
+        raise_engine_failure(exc, g, what, g.seq)
     finally:
         res.inflight = None
     return None

@@ -55,7 +55,7 @@ import os
 import queue
 import threading
 import time
-from typing import Generator
+from typing import Generator, NoReturn
 
 import torch
 
@@ -109,6 +109,14 @@ def engine_failure(exc: BaseException, group, what: str, seq: int) -> BaseExcept
         f"restart (commlib.destroy_process_group(), then commlib.init()) or relaunch the job.")
     error.__cause__ = exc
     return error
+
+
+def raise_engine_failure(exc: BaseException, group, what: str, seq: int) -> NoReturn:
+    """Raise ``exc`` as :func:`engine_failure` has it (from the ``except`` block that caught it)."""
+    failure = engine_failure(exc, group, what, seq)
+    if failure is exc:
+        raise exc
+    raise failure from exc
 
 
 # Held by the caller's thread while it drives operations (and advances every pending one), so
@@ -170,10 +178,7 @@ def _drive(gen, handles, group, what: str, seq: int, limit: float | None, me):
         return done.value
     except BaseException as exc:
         _ABANDONED.append((gen, handles))
-        failure = engine_failure(exc, group, what, seq)
-        if failure is exc:
-            raise
-        raise failure from exc
+        raise_engine_failure(exc, group, what, seq)
 
 
 def _one_step(handles):
