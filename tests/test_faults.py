@@ -293,12 +293,20 @@ def test_fault(results, case):
             # the launcher ends the job when a rank dies by a signal: a survivor reports its
             # error if it finds the failure first, else the launcher ends it
             assert {r for r, _, _ in got} <= set(survivors), ctx
-            assert res.codes[0] != 0, ctx
             if case.launcher == "mpiexec":  # hydra kills the rest at once
-                assert "Killed (signal 9)" in res.outputs[0], ctx
+                # Hydra's proxy, on the first rank it sees gone without MPI_Finalize, sets the
+                # exit status of every other rank not yet reaped to 0 and SIGKILLs them
+                # (pmip_cb.c, pmi_cb: "preset all exit_status except for the closed pid"). When
+                # a survivor reported and left (os._exit(0)) before the proxy handled the
+                # victim's death, the victim's signal is hidden: mpiexec exits 0, silent.
+                if res.codes[0] == 0:
+                    assert got, "mpiexec exited 0 with no survivor's report" + ctx
+                else:
+                    assert "Killed (signal 9)" in res.outputs[0], ctx
                 assert res.ended - float(at) <= TIMEOUT + SLACK, \
                     f"the job ended {res.ended - float(at):.1f} s after the fault" + ctx
             else:  # torchrun's agent names the dead rank and sends the others SIGTERM
+                assert res.codes[0] != 0, ctx
                 assert f"failed (exitcode: -9) local_rank: {case.victim}" in res.outputs[0], ctx
                 pids = dict(re.findall(r"^rank (\d+) pid (\d+) start$", res.report, re.M))
                 for r in set(survivors) - {r for r, _, _ in got}:
