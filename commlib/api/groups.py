@@ -19,6 +19,7 @@ from .. import config
 from ..engines import get_backend_class
 from ..engines.base import Backend
 from ..errors import CommArgumentError, CommStateError, CommTypeError, arg_error
+from ..runtime import affinity as _affinity
 from ..runtime import plans as _plans
 from ..runtime import watchdog as _watchdog
 from ..runtime.group import Group
@@ -135,6 +136,8 @@ def _start(world_backend: Backend, name: str, source: str, timeout, debug, mode:
         # Before the world group is built: building it is collective (shared-memory segment, cost
         # model), and a rank failing there must end the job, not leave the others waiting.
         _install_abort_hook(world_backend)
+    if world_backend.size > 1:
+        log.info("rank %d: %s", world_backend.rank, _affinity.apply(world_backend))
     world = Group(world_backend, world_backend.global_ranks(), "world", timeout_s,
                   bool(config.get("debug", debug)))
     _state.world, _state.backend_name, _state.groups = world, name, [world]
@@ -177,6 +180,7 @@ def finalize() -> None:
         group.resources.close()  # the transports: segment, shared buffers, CUDA IPC handles
         if group.backend is not None:
             group.backend.close()
+    _affinity.release()
     if _state.excepthook is not None:
         sys.excepthook = _state.excepthook
         _state.excepthook = None

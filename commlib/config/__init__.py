@@ -48,6 +48,13 @@ def _parse_progress(text: str) -> str:
     return mode
 
 
+def _parse_affinity(text: str) -> str:
+    mode = text.strip().lower()
+    if mode not in ("auto", "off"):
+        raise ValueError("expected 'auto' or 'off'")
+    return mode
+
+
 def _parse_compress_impl(text: str) -> str:
     impl = text.strip().lower()
     if impl not in ("auto", "torch", "c"):
@@ -228,6 +235,15 @@ OPTIONS: dict[str, Option] = {
                "compute). `thread`: a progress thread for every group. The threads sleep in the "
                "engine or between passes, never spinning (docs/overlap.md). `wait`: only inside "
                "`Work.wait()`, `Work.is_completed()` and other commlib calls."),
+        Option("affinity", "auto", _parse_affinity,
+               "CPU binding of the ranks. `auto` (default): at `commlib.init`, the ranks of a "
+               "host that nobody bound (every one of them on the same mask of several CPUs: no "
+               "`mpiexec -bind-to`, no `taskset`) are bound, rank k of n to its own "
+               "contiguous share of the host's cores, or to core k mod cores when ranks "
+               "outnumber cores, and torch's intra-op threads are limited to the share unless "
+               "`OMP_NUM_THREADS` is set; `commlib.finalize` undoes it. Ranks a launcher bound, "
+               "and a host's only rank, are left alone. `off`: never bind (e.g. several jobs "
+               "sharing a host). Measured in docs/shm.md, \"Binding\"."),
         Option("progress_nice", 19, _parse_nice,
                "Niceness of the progress thread serving groups on one host (Linux). Their "
                "progress is copying on the cores the compute uses: at 19 it takes the room the "

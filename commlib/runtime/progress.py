@@ -61,6 +61,7 @@ import torch
 
 from .. import config
 from ..errors import CommBackendError, CommError, CommStateError, CommTimeoutError
+from ..topology.affinity import host_cpu_count
 from .group import state
 
 __all__ = ["Work", "completed_work", "drive", "set_progress", "shutdown", "start", "unusable"]
@@ -565,10 +566,8 @@ def choose_lane(mode: str, spans_hosts: bool, ranks_on_host: int, cores: int) ->
 
 
 def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    """The CPUs the host's ranks share (before commlib bound this rank to its share of them)."""
+    return host_cpu_count()
 
 
 def _ranks_on_host(group) -> int:

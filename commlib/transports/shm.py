@@ -31,6 +31,7 @@ import torch
 from .. import config
 from ..errors import CommBackendError
 from ..ops import ReduceOp, dtype_name
+from ..topology.affinity import host_cpu_count
 from .base import GroupFacts, Transport, refusal, register_transport
 
 __all__ = ["available", "why_unavailable", "ShmTransport", "KIND", "DTYPE_CODES", "OP_CODES",
@@ -109,11 +110,7 @@ def wait_policy(size: int) -> tuple[int, bool]:
     (docs/shm.md, "Waiting"): yielding took 7.5 us per 8-byte all-reduce against 34 us for sleeping
     (a futex wake-up per step) and 20 us for MPI's Allreduce, and was as fast or faster up to 256 MiB.
     ``COMMLIB_SHM_SPIN`` overrides the spin count."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    spin, sleep = (2000, True) if size <= cores else (50, False)
+    spin, sleep = (2000, True) if size <= host_cpu_count() else (50, False)
     forced = config.get("shm_spin")
     return (spin if forced is None else forced), sleep
 

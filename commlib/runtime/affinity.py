@@ -1,0 +1,59 @@
+"""Binding the ranks of each host at ``commlib.init`` (``COMMLIB_AFFINITY``; the decision and the
+system calls are :mod:`commlib.topology.affinity`).
+
+Collective over the world: one all-gather of every rank's host and CPU mask. On a host whose ranks
+all have the same mask of more than one CPU, nobody bound them (a container's cpuset is the same
+mask for all); a launcher that binds gives each rank a different mask, or one CPU. Only the first
+case is bound, each rank to :func:`commlib.topology.affinity.plan`'s share.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import zlib
+
+from .. import config
+from ..topology import affinity
+from ..topology.host import host_hash
+
+__all__ = ["apply", "release", "decide"]
+
+log = logging.getLogger("commlib")
+
+
+def decide(rows, rank: int) -> tuple[int, int] | str:
+    """From every rank's ``(host hash, mask key, mask size)`` (``rows``, indexed by rank):
+    ``(local_rank, local_size)`` of ``rank`` among its host's ranks when they are to be bound,
+    else why not."""
+    host, key, size = rows[rank]
+    mine = [r for r, row in enumerate(rows) if row[0] == host]
+    if len(mine) == 1:
+        return "the host's only rank"
+    if size <= 1:
+        return "bound to one CPU already"
+    if any(rows[r][1] != key for r in mine):
+        return "the host's ranks have different CPU masks (bound by the launcher)"
+    return mine.index(rank), len(mine)
+
+
+def apply(engine) -> str:
+    """Collective over ``engine`` (the world's, before its group is built, so that the cost
+    model's probe and the waiting policies see the binding): bind this rank if its host's ranks
+    are unbound and ``COMMLIB_AFFINITY`` is ``auto``. Returns what was done, for the log."""
+    mask = sorted(os.sched_getaffinity(0))
+    key = zlib.crc32(",".join(map(str, mask)).encode())
+    rows = engine.all_gather_ints([host_hash(), key, len(mask)])
+    if config.get("affinity") == "off":
+        return "not bound: COMMLIB_AFFINITY=off"
+    place = decide(rows, engine.rank)
+    if isinstance(place, str):
+        return f"not bound: {place}"
+    cpus = affinity.plan(affinity.cores(mask), *place)
+    affinity.bind(cpus)
+    return f"bound to CPUs {list(cpus)} (rank {place[0]} of {place[1]} on this host)"
+
+
+def release() -> None:
+    """Undo :func:`apply` (``commlib.finalize``)."""
+    affinity.restore()
