@@ -17,7 +17,9 @@ Every operation runs as commlib's asynchronous operation and returns a torch ``W
 ``wait()`` drives it (commlib's ``Work.wait``, its timeout and typed errors), and its future
 (``get_future()``, what DDP's reducer and comm hooks use) completes on its own: the operation
 is then served by commlib's progress thread (``Work.add_done_callback``), so DDP's bucket
-all-reduces progress during the backward pass.
+all-reduces progress during the backward pass. Where no progress thread would serve the group
+(one host with no free core, :meth:`ProcessGroupCommlib._run`), collectives run blocking in the
+call and return a completed ``Work``: nothing could hide there.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import os
 import socket
 import sys
 from datetime import timedelta
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -43,6 +46,7 @@ from .api.groups import (
 from .engines.torch_dist import TorchBackend
 from .errors import CommArgumentError, CommStateError
 from .runtime.group import state as _state
+from .runtime.progress import lane_of
 from .tuning import bucket_sizes
 
 __all__ = ["BACKEND", "ProcessGroupCommlib", "mpi_environment", "ddp_bucket_mb"]
@@ -150,84 +154,96 @@ class ProcessGroupCommlib(dist.ProcessGroup):
         return f"ProcessGroupCommlib(rank {self.rank()} of {self.size()}, {self.group.name!r})"
 
     # ----- collectives ---------------------------------------------------------------------
+    def _run(self, result: list, calls) -> _Work:
+        """Issue the collectives ``calls`` (each ``call(async_op=...)``, returning a commlib ``Work``
+        when asynchronous); the torch ``Work`` over them, whose value is ``result``.
+
+        Where no progress thread would serve this group (:func:`commlib.runtime.progress.lane_of`
+        None: one host with no core free for one under ``COMMLIB_PROGRESS=auto``, or ``wait``),
+        each runs blocking here and the work is complete when returned. Nothing could hide
+        there (the cores that compute also copy), and a future complete at once costs DDP's
+        reducer nothing, where one the forced progress thread completes cost it about twice the
+        all-reduce (docs/torch-backend-bench.md). Point-to-point operations are always issued
+        asynchronously: a send blocking until its receive is posted could deadlock a batch."""
+        if lane_of(self.group) is None:
+            for call in calls:
+                call(async_op=False)
+            return _Work([], result)
+        return _Work([call(async_op=True) for call in calls], result)
+
     def allreduce(self, tensors, opts=None):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
-        return _Work([_c.all_reduce(t, op, group=self.group, async_op=True) for t in tensors],
-                     tensors)
+        return self._run(tensors, [partial(_c.all_reduce, t, op, group=self.group)
+                                   for t in tensors])
 
     def broadcast(self, tensors, opts):
-        return _Work([_c.broadcast(t, group=self.group, async_op=True, group_src=opts.rootRank)
-                      for t in tensors], tensors)
+        return self._run(tensors, [partial(_c.broadcast, t, group=self.group,
+                                           group_src=opts.rootRank) for t in tensors])
 
     def reduce(self, tensors, opts):
-        return _Work([_c.reduce(t, op=opts.reduceOp, group=self.group, async_op=True,
-                                group_dst=opts.rootRank) for t in tensors], tensors)
+        return self._run(tensors, [partial(_c.reduce, t, op=opts.reduceOp, group=self.group,
+                                           group_dst=opts.rootRank) for t in tensors])
 
     def allgather(self, output_tensors, input_tensors, opts=None):
-        works = [_c.all_gather(out, inp, group=self.group, async_op=True)
-                 for out, inp in zip(output_tensors, input_tensors)]
-        return _Work(works, output_tensors)
+        return self._run(output_tensors, [partial(_c.all_gather, out, inp, group=self.group)
+                                          for out, inp in zip(output_tensors, input_tensors)])
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         return self.allgather(output_lists, input_list, opts)
 
     def all_gather_single(self, output, input, opts=None):
-        return _Work([_c.all_gather_into_tensor(output, input, group=self.group, async_op=True)],
-                     [output])
+        return self.all_gather_single_coalesced([output], [input], opts)
 
     _allgather_base = all_gather_single
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
-        works = [_c.all_gather_into_tensor(o, i, group=self.group, async_op=True)
-                 for o, i in zip(outputs, inputs)]
-        return _Work(works, outputs)
+        return self._run(outputs, [partial(_c.all_gather_into_tensor, o, i, group=self.group)
+                                   for o, i in zip(outputs, inputs)])
 
     def reduce_scatter(self, output_tensors, input_lists, opts):
-        works = [_c.reduce_scatter(out, inputs, opts.reduceOp, group=self.group, async_op=True)
-                 for out, inputs in zip(output_tensors, input_lists)]
-        return _Work(works, output_tensors)
+        return self._run(output_tensors, [
+            partial(_c.reduce_scatter, out, inputs, opts.reduceOp, group=self.group)
+            for out, inputs in zip(output_tensors, input_lists)])
 
     def reduce_scatter_single(self, output, input, opts):
-        return _Work([_c.reduce_scatter_tensor(output, input, opts.reduceOp, group=self.group,
-                                               async_op=True)], [output])
+        return self.reduce_scatter_single_coalesced([output], [input], opts)
 
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
-        works = [_c.reduce_scatter_tensor(o, i, opts.reduceOp, group=self.group, async_op=True)
-                 for o, i in zip(outputs, inputs)]
-        return _Work(works, outputs)
+        return self._run(outputs, [
+            partial(_c.reduce_scatter_tensor, o, i, opts.reduceOp, group=self.group)
+            for o, i in zip(outputs, inputs)])
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes,
                           opts=None):
-        work = _c.all_to_all_single(output, input, list(output_split_sizes) or None,
-                                    list(input_split_sizes) or None, group=self.group,
-                                    async_op=True)
-        return _Work([work], [output])
+        return self._run([output], [partial(_c.all_to_all_single, output, input,
+                                            list(output_split_sizes) or None,
+                                            list(input_split_sizes) or None, group=self.group)])
 
     alltoall_base = all_to_all_single
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
-        return _Work([_c.all_to_all(output_tensors, input_tensors, group=self.group, async_op=True)],
-                     output_tensors)
+        return self._run(output_tensors, [partial(_c.all_to_all, output_tensors, input_tensors,
+                                                  group=self.group)])
 
     def gather(self, output_lists, input_tensors, opts):
         out = output_lists[0] if self.rank() == opts.rootRank else None
-        return _Work([_c.gather(input_tensors[0], out, group=self.group, async_op=True,
-                                group_dst=opts.rootRank)], output_lists)
+        return self._run(output_lists, [partial(_c.gather, input_tensors[0], out,
+                                                group=self.group, group_dst=opts.rootRank)])
 
     def scatter(self, output_tensors, input_lists, opts):
         inp = input_lists[0] if self.rank() == opts.rootRank else None
-        return _Work([_c.scatter(output_tensors[0], inp, group=self.group, async_op=True,
-                                 group_src=opts.rootRank)], output_tensors)
+        return self._run(output_tensors, [partial(_c.scatter, output_tensors[0], inp,
+                                                  group=self.group, group_src=opts.rootRank)])
 
     def allreduce_coalesced(self, tensors, opts=None):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
-        return _Work([_c.all_reduce_coalesced(tensors, op, group=self.group, async_op=True)],
-                     tensors)
+        return self._run(tensors, [partial(_c.all_reduce_coalesced, tensors, op,
+                                           group=self.group)])
 
     def barrier(self, opts=None):
-        return _Work([_c.barrier(group=self.group, async_op=True)], [])
+        return self._run([], [partial(_c.barrier, group=self.group)])
 
     # ----- point-to-point ------------------------------------------------------------------
     def send(self, tensors, dst: int, tag: int):

@@ -7,6 +7,7 @@ by gloo in the same job, or by one process (see each case).
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -28,6 +29,17 @@ def test_torch_clients_on_commlib_backend(n):
     out = run_torch(n, CASES, script=PG_CASES)
     for case in CASES:
         assert f"ok {case} (world size {n})" in out, out
+
+
+@pytest.mark.parametrize("progress", ["thread", "wait"])
+def test_torch_clients_on_each_path(progress):
+    """Both ways the process group runs a collective, at 2 ranks: ``thread`` issues every one
+    asynchronously (the futures completed by the progress thread, as across hosts), ``wait``
+    runs them blocking in the call (as on one host with no free core, the default here)."""
+    cases = ["case_collectives", "case_async_and_futures", "case_ddp_matches_gloo"]
+    out = run_torch(2, cases, script=PG_CASES, COMMLIB_PROGRESS=progress)
+    for case in cases:
+        assert f"ok {case} (world size 2)" in out, out
 
 
 @pytest.mark.skipif(mpiexec_path() is None, reason="no mpiexec (pip install mpich)")
@@ -57,14 +69,24 @@ def _launch(n: int, case: str, timeout: float, **env):
     return [(p.wait(), ended[i], p.communicate()[1]) for i, p in enumerate(procs)]
 
 
-def test_rank_failing_in_backward_ends_every_rank():
+# commlib's typed error as a rank ends with it: "commlib: CommTimeoutError: ..." when a torch
+# future's operation failed (issued asynchronously, completed by the progress thread),
+# "commlib.errors.CommBackendError: ..." (the exception) or "commlib.CommTimeoutError: ..." (the
+# watchdog) when the process group ran the collective blocking (one host, no free core)
+TYPED = r"commlib(\.errors)?[.:] ?Comm(Backend|Timeout)Error: commlib\.all_reduce"
+
+
+@pytest.mark.parametrize("progress", ["auto", "thread"])
+def test_rank_failing_in_backward_ends_every_rank(progress):
     """A rank raising inside DDP's backward: every other rank ends with commlib's typed error
-    (the future of its all-reduce fails), not a hang and not a crash."""
-    results = _launch(2, "case_rank_raises_in_backward", 60, COMMLIB_TIMEOUT="10")
+    (its blocking all-reduce raises, or under ``thread`` the future of its all-reduce fails),
+    not a hang and not a crash."""
+    results = _launch(2, "case_rank_raises_in_backward", 60, COMMLIB_TIMEOUT="10",
+                      COMMLIB_PROGRESS=progress)
     code, seconds, err = results[0]
     assert seconds is not None, "rank 0 did not end"
     assert code == 1, (code, err[-2000:])
-    assert "commlib: CommBackendError" in err or "commlib: CommTimeoutError" in err, err[-2000:]
+    assert re.search(TYPED, err), err[-2000:]
     assert "injected failure in backward" in results[1][2]
 
 
@@ -74,6 +96,6 @@ def test_uneven_inputs_end_with_a_timeout():
     results = _launch(2, "case_uneven_inputs", 45, COMMLIB_TIMEOUT="10")
     code, seconds, err = results[0]
     assert seconds is not None and code == 1, (code, seconds, err[-2000:])
-    assert "commlib: CommTimeoutError" in err, err[-2000:]
+    assert re.search(TYPED.replace("Backend|", ""), err), err[-2000:]
     assert seconds < 10 + 5 + 10, seconds  # + start-up and the three matched steps
     assert results[1][1] is None or results[1][1] > seconds  # rank 1 outlived it

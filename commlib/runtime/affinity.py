@@ -13,6 +13,8 @@ import logging
 import os
 import zlib
 
+import torch
+
 from .. import config
 from ..topology import affinity
 from ..topology.host import host_hash
@@ -51,9 +53,19 @@ def apply(engine) -> str:
         return f"not bound: {place}"
     cpus = affinity.plan(affinity.cores(mask), *place)
     affinity.bind(cpus)
+    # torch's intra-op threads follow the share, unless the user chose their number
+    if "OMP_NUM_THREADS" not in os.environ and torch.get_num_threads() > len(cpus):
+        _threads_before[0] = torch.get_num_threads()
+        torch.set_num_threads(len(cpus))
     return f"bound to CPUs {list(cpus)} (rank {place[0]} of {place[1]} on this host)"
 
 
+_threads_before = [None]  # torch's intra-op thread count before apply() limited it
+
+
 def release() -> None:
-    """Undo :func:`apply` (``commlib.finalize``)."""
+    """Undo :func:`apply` (``commlib.finalize``): the mask and torch's thread count."""
     affinity.restore()
+    if _threads_before[0] is not None:
+        torch.set_num_threads(_threads_before[0])
+        _threads_before[0] = None

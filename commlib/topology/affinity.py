@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 __all__ = ["plan", "cores", "bind", "restore", "host_cpu_count"]
 
-# The mask the process had before commlib bound it (None: never bound), and torch's thread count.
+# The mask the process had before commlib bound it (absent: not bound).
 _saved: dict = {}
 
 
@@ -70,8 +70,7 @@ def _threads() -> list[int]:
 
 def bind(cpus: Sequence[int]) -> None:
     """Bind every thread of this process to ``cpus`` (Linux sets affinity per thread; threads
-    started later inherit it), remembering the mask to :func:`restore`. torch's intra-op threads
-    are limited to ``len(cpus)`` unless ``OMP_NUM_THREADS`` chose their number."""
+    started later inherit it), remembering the mask to :func:`restore`."""
     if "mask" not in _saved:
         _saved["mask"] = os.sched_getaffinity(0)
     for tid in _threads():
@@ -79,17 +78,10 @@ def bind(cpus: Sequence[int]) -> None:
             os.sched_setaffinity(tid, cpus)
         except OSError:  # a thread that exited meanwhile
             pass
-    if "OMP_NUM_THREADS" not in os.environ:
-        import torch
-
-        if torch.get_num_threads() > len(cpus):
-            _saved.setdefault("threads", torch.get_num_threads())
-            torch.set_num_threads(len(cpus))
 
 
 def restore() -> None:
-    """Undo :func:`bind` (``commlib.finalize``): every thread back on the mask the process had,
-    torch's thread count as it was."""
+    """Undo :func:`bind`: every thread back on the mask the process had."""
     mask = _saved.pop("mask", None)
     if mask is not None:
         for tid in _threads():
@@ -97,11 +89,6 @@ def restore() -> None:
                 os.sched_setaffinity(tid, mask)
             except OSError:
                 pass
-    threads = _saved.pop("threads", None)
-    if threads is not None:
-        import torch
-
-        torch.set_num_threads(threads)
 
 
 def host_cpu_count() -> int:
