@@ -53,6 +53,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import commlib
 import commlib.torch_backend
+from commlib.topology.affinity import host_cpu_count
 from _harness import rank0_out, timed_slowest, write_json
 from _quiet import quiet_for, quiet_summary, wait_until
 
@@ -127,11 +128,12 @@ MODELS = {"mlp": mlp, "transformer": transformer}
 class Config:
     """One row: a copy of the model, how a step runs it, and the bucket sizes it all-reduces."""
 
-    def __init__(self, name: str, model: Model, group=None, bucket_cap_mb=None, ddp=True):
+    def __init__(self, name: str, model: Model, group=None, bucket_cap_mb=None, ddp=True,
+                 bucket_view=False):
         self.name, self.model, self.group = name, model, group
         self.module = copy.deepcopy(model.module)
-        self.net = (DDP(self.module, process_group=group, bucket_cap_mb=bucket_cap_mb)
-                    if ddp else self.module)
+        self.net = (DDP(self.module, process_group=group, bucket_cap_mb=bucket_cap_mb,
+                        gradient_as_bucket_view=bucket_view) if ddp else self.module)
         self.opt = torch.optim.SGD(self.module.parameters(), lr=1e-3)
         self.bucket_cap_mb = bucket_cap_mb
         self.buckets: list[int] = []  # bytes of each bucket, filled after the warm-up
@@ -171,10 +173,11 @@ class Config:
         return run
 
 
-def configs_for(model: Model, gloo) -> tuple[list[Config], str]:
+def configs_for(model: Model, gloo, bucket_view: bool = False) -> tuple[list[Config], str]:
     mb = commlib.torch_backend.ddp_bucket_mb(model.module)
-    cfgs = [Config("commlib", model), Config("commlib-tuned", model, bucket_cap_mb=mb),
-            Config("gloo", model, group=gloo), Config("compute", model, ddp=False)]
+    v = dict(bucket_view=bucket_view)
+    cfgs = [Config("commlib", model, **v), Config("commlib-tuned", model, bucket_cap_mb=mb, **v),
+            Config("gloo", model, group=gloo, **v), Config("compute", model, ddp=False)]
     return cfgs, f"commlib-tuned: bucket_cap_mb {mb:.3g} from commlib.torch_backend.ddp_bucket_mb"
 
 
@@ -213,7 +216,7 @@ class CpuGate:
         # its cores and boot id): the canary would time the job's own ranks taking turns (4 ranks
         # on 2 cores: 11-23 ms for 7 ms of work, no quiet phase to wait for). No gate then.
         ranks = COMM.allgather(_machine_id()).count(_machine_id())
-        cores = len(os.sched_getaffinity(0))
+        cores = host_cpu_count()  # the machine's, not the share commlib bound this rank to
         self.off = (f"{ranks} ranks on {cores} cores of this machine, the canary would time the "
                     f"job's own ranks" if ranks > cores else None)
         if COMM.allreduce(self.off is not None, op=MPI.LOR):
@@ -270,7 +273,9 @@ def hidden_share(comm: float, compute: float, step: float) -> float:
 
 
 def run_model(model: Model, gloo, args, out, cpu: CpuGate) -> dict:
-    cfgs, note = configs_for(model, gloo)
+    cfgs, note = configs_for(model, gloo, args.bucket_view)
+    if args.bucket_view:
+        note += "; gradient_as_bucket_view=True in every DDP configuration"
     by = {c.name: c for c in cfgs}
     out(f"# {model.name}: {model.what}; {model.params / 1e6:.2f}M parameters, "
         f"{model.grad_bytes / 2**20:.1f} MiB of float32 gradients")
@@ -388,6 +393,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tf-layers", type=int, default=4)
     ap.add_argument("--tf-seq", type=int, default=64)
     ap.add_argument("--tf-batch", type=int, default=8)
+    ap.add_argument("--bucket-view", action="store_true",
+                    help="DDP(gradient_as_bucket_view=True) in every DDP configuration: the "
+                         "gradients are views into the buckets, no copies in and out")
     ap.add_argument("--steps", type=int, default=5, help="timed steps per configuration and round")
     ap.add_argument("--warmup", type=int, default=3,
                     help="untimed steps before the rounds (at least 3: DDP's bucket rebuild)")
