@@ -49,7 +49,7 @@ from .runtime.group import state as _state
 from .runtime.progress import lane_of
 from .tuning import bucket_sizes
 
-__all__ = ["BACKEND", "ProcessGroupCommlib", "mpi_environment", "ddp_bucket_mb"]
+__all__ = ["BACKEND", "ProcessGroupCommlib", "mpi_environment", "ddp_bucket_mb", "allreduce_avg_hook"]
 
 BACKEND = "commlib"
 
@@ -292,6 +292,19 @@ def ddp_bucket_mb(model: torch.nn.Module, process_group=None) -> float:
     dtype = next((p.dtype for p in model.parameters() if p.requires_grad), torch.float32)
     bucket, _, _ = bucket_sizes(pg.group, grads, dtype)
     return bucket / (1 << 20)
+
+
+def allreduce_avg_hook(process_group, bucket):  # no annotations: DDP checks them as objects
+    """A DDP communication hook (``ddp.register_comm_hook(None, allreduce_avg_hook)``, or with a
+    process group as state): the bucket's mean over the ranks in one all-reduce with
+    ``ReduceOp.AVG``, which commlib's shared-memory all-reduce divides while it reduces. Without
+    a hook DDP divides the bucket by the world size itself, one more pass over the gradients
+    (fused with its copy into the bucket, but a pass of its own with
+    ``gradient_as_bucket_view=True``). The result is torch's default hook's up to rounding (a
+    division of the sum, not a sum of divided gradients)."""
+    pg = process_group if process_group is not None else dist.group.WORLD
+    work = dist.all_reduce(bucket.buffer(), op=dist.ReduceOp.AVG, group=pg, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
 
 
 # ----- creation ---------------------------------------------------------------------------
