@@ -9,7 +9,6 @@ case is bound, each rank to :func:`commlib.topology.affinity.plan`'s share.
 
 from __future__ import annotations
 
-import logging
 import os
 import zlib
 
@@ -20,8 +19,6 @@ from ..topology import affinity
 from ..topology.host import host_hash
 
 __all__ = ["apply", "release", "decide"]
-
-log = logging.getLogger("commlib")
 
 
 def decide(rows, rank: int) -> tuple[int, int] | str:
@@ -43,6 +40,8 @@ def apply(engine) -> str:
     """Collective over ``engine`` (the world's, before its group is built, so that the cost
     model's probe and the waiting policies see the binding): bind this rank if its host's ranks
     are unbound and ``COMMLIB_AFFINITY`` is ``auto``. Returns what was done, for the log."""
+    if not hasattr(os, "sched_setaffinity"):  # not Linux: every rank of the job returns here
+        return "not bound: no CPU affinity calls on this platform"
     mask = sorted(os.sched_getaffinity(0))
     key = zlib.crc32(",".join(map(str, mask)).encode())
     rows = engine.all_gather_ints([host_hash(), key, len(mask)])
