@@ -49,7 +49,9 @@ from .runtime.group import state as _state
 from .runtime.progress import lane_of
 from .tuning import bucket_sizes
 
-__all__ = ["BACKEND", "ProcessGroupCommlib", "mpi_environment", "ddp_bucket_mb", "allreduce_avg_hook"]
+__all__ = [
+    "BACKEND", "ProcessGroupCommlib", "mpi_environment", "ddp_bucket_mb", "allreduce_avg_hook",
+]
 
 BACKEND = "commlib"
 
@@ -155,8 +157,8 @@ class ProcessGroupCommlib(dist.ProcessGroup):
 
     # ----- collectives ---------------------------------------------------------------------
     def _run(self, result: list, calls) -> _Work:
-        """Issue the collectives ``calls`` (each ``call(async_op=...)``, returning a commlib ``Work``
-        when asynchronous); the torch ``Work`` over them, whose value is ``result``.
+        """Issue the collectives ``calls`` (each ``call(async_op=...)``, returning a commlib
+        ``Work`` when asynchronous); the torch ``Work`` over them, whose value is ``result``.
 
         Where no progress thread would serve this group (:func:`commlib.runtime.progress.lane_of`
         None: one host with no core free for one under ``COMMLIB_PROGRESS=auto``, or ``wait``),

@@ -45,7 +45,8 @@ def test_plan_rejects_bad_input():
 def test_cores_from_a_sysfs_tree(tmp_path):
     # two packages of two cores with two hardware threads each, numbered the way x86 does
     # (cpu k and k + 4 are siblings); cpu 9's topology is missing: a core of its own
-    layout = {0: (0, 0), 1: (0, 1), 2: (1, 0), 3: (1, 1), 4: (0, 0), 5: (0, 1), 6: (1, 0), 7: (1, 1)}
+    layout = {0: (0, 0), 1: (0, 1), 2: (1, 0), 3: (1, 1),
+              4: (0, 0), 5: (0, 1), 6: (1, 0), 7: (1, 1)}
     for cpu, (package, core) in layout.items():
         d = tmp_path / f"devices/system/cpu/cpu{cpu}/topology"
         d.mkdir(parents=True)
