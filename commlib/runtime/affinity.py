@@ -44,6 +44,7 @@ def apply(engine) -> str:
         return "not bound: no CPU affinity calls on this platform"
     mask = sorted(os.sched_getaffinity(0))
     key = zlib.crc32(",".join(map(str, mask)).encode())
+    # gathered whatever COMMLIB_AFFINITY says: a rank whose environment differs still matches
     rows = engine.all_gather_ints([host_hash(), key, len(mask)])
     if config.get("affinity") == "off":
         return "not bound: COMMLIB_AFFINITY=off"

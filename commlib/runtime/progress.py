@@ -565,11 +565,6 @@ def choose_lane(mode: str, spans_hosts: bool, ranks_on_host: int, cores: int) ->
     return "local" if mode == "thread" or ranks_on_host < cores else None
 
 
-def usable_cores() -> int:
-    """The CPUs the host's ranks share (before commlib bound this rank to its share of them)."""
-    return host_cpu_count()
-
-
 def _ranks_on_host(group) -> int:
     """The world's ranks on this rank's host (all of them compute), else ``group``'s."""
     for g in (state.world, group):
@@ -589,7 +584,7 @@ def lane_of(group) -> str | None:
     if facts is None:
         layout = getattr(group.resources, "layout", None)
         facts = (layout is not None and len(layout.hosts) > 1, _ranks_on_host(group),
-                 usable_cores())
+                 host_cpu_count())
         if group.resources is not None:
             group.resources.state["progress_facts"] = facts
     return choose_lane(_PROGRESS.mode, *facts)

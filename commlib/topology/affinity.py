@@ -68,11 +68,8 @@ def _threads() -> list[int]:
         return [0]
 
 
-def bind(cpus: Sequence[int]) -> None:
-    """Bind every thread of this process to ``cpus`` (Linux sets affinity per thread; threads
-    started later inherit it), remembering the mask to :func:`restore`."""
-    if "mask" not in _saved:
-        _saved["mask"] = os.sched_getaffinity(0)
+def _set_every_thread(cpus) -> None:
+    """Bind every thread of this process to ``cpus`` (Linux sets affinity per thread)."""
     for tid in _threads():
         try:
             os.sched_setaffinity(tid, cpus)
@@ -80,15 +77,18 @@ def bind(cpus: Sequence[int]) -> None:
             pass
 
 
+def bind(cpus: Sequence[int]) -> None:
+    """Bind every thread of this process to ``cpus`` (threads started later inherit it),
+    remembering the mask to :func:`restore`."""
+    _saved.setdefault("mask", os.sched_getaffinity(0))
+    _set_every_thread(cpus)
+
+
 def restore() -> None:
     """Undo :func:`bind`: every thread back on the mask the process had."""
     mask = _saved.pop("mask", None)
     if mask is not None:
-        for tid in _threads():
-            try:
-                os.sched_setaffinity(tid, mask)
-            except OSError:
-                pass
+        _set_every_thread(mask)
 
 
 def host_cpu_count() -> int:
