@@ -31,10 +31,10 @@ API_CASES = [
 ]
 
 def run_torch(n: int, cases: list[str], timeout: float | None = None, script=CASES,
-              **extra_env):
+              every_rank: bool = False, **extra_env):
     """Run ``cases`` of ``script`` (default tests/torch_dist/cases.py) on ``n`` torchrun-like
-    ranks; return rank 0's stdout. The hard timeout (default 90 s + 40 s per rank) leaves room
-    for a loaded 2-core machine."""
+    ranks; return rank 0's stdout, or with ``every_rank`` each rank's (stdout, stderr). The hard
+    timeout (default 90 s + 40 s per rank) leaves room for a loaded 2-core machine."""
     timeout = timeout or 90 + 40 * n
     procs = [subprocess.Popen([sys.executable, str(script), *cases], cwd=ROOT, text=True,
                               start_new_session=True, env=env, stdout=subprocess.PIPE,
@@ -65,7 +65,7 @@ def run_torch(n: int, cases: list[str], timeout: float | None = None, script=CAS
         report = "\n".join(f"--- rank {r} stdout\n{o[-3000:]}\n--- rank {r} stderr\n{e[-5000:]}"
                            for r, (o, e) in enumerate(outputs))
         pytest.fail(f"{failed}: {n} ranks, cases {cases}\n{report}")
-    return outputs[0][0]
+    return outputs if every_rank else outputs[0][0]
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
@@ -107,6 +107,21 @@ def test_p2p_algorithms_over_torch(n):
             continue
         for algo in algorithm_names(coll):
             assert f"{coll}:{algo}" in out, (coll, algo, out)
+
+
+@pytest.mark.parametrize("peer_delay", [0, 4])
+def test_exit_with_pending_receive(peer_delay):
+    """A rank that exits with a point-to-point receive never completed exits cleanly. Its waiter
+    thread sits in gloo's wait; when the peer exits while this rank shuts down, the wait returns,
+    and a waiter still alive then aborted the process ("terminate called without an active
+    exception", exit -6, every run before the fix): commlib.finalize now ends its threads first.
+    A peer that outlives the grace (2 s) leaves the waiter stuck: a warning says so."""
+    outputs = run_torch(2, ["case_exit_with_pending_recv"], every_rank=True,
+                        TORCH_CASES_PEER_DELAY=str(peer_delay))
+    err = outputs[1][1]
+    assert "terminate called" not in err, err
+    stuck = "1 point-to-point operation(s) on backend 'torch' were never completed" in err
+    assert stuck == (peer_delay > 0), err
 
 
 def test_p2p_stress_at_4_ranks():

@@ -172,6 +172,9 @@ def finalize() -> None:
     """Release every group commlib created. ``init()`` may be called again afterwards."""
     if _state.world is None:
         return
+    # No thread of commlib outlives finalize (it also runs at exit): one still inside a torch
+    # call when the interpreter finalizes aborts the process (see engines/torch_dist._Waiters).
+    _watchdog.stop()
     progress.shutdown()  # no thread touches an engine while the groups go
     for group in reversed(_state.groups):
         # A Group object the user still holds must raise CommStateError, not reach a freed

@@ -20,9 +20,11 @@ Handles are torch ``Work`` objects, wrapped only where the engine needs help (ta
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import queue
 import threading
+import time
 from datetime import timedelta
 from typing import Sequence
 
@@ -35,6 +37,8 @@ from . import register_backend
 from .base import Backend
 
 __all__ = ["TorchBackend"]
+
+log = logging.getLogger("commlib")
 
 _OPS = {
     ReduceOp.SUM: dist.ReduceOp.SUM,
@@ -92,7 +96,10 @@ _REDUCE_SCATTER_POLLABLE = {"gloo": False, "nccl": True}
 # Messages to oneself never reach the engine: gloo has no pair to itself ("Pair is not
 # connected"), so they are matched locally, by (channel, tag), in posting order.
 
-_TIMEOUT = timedelta(seconds=1800)  # torch's default for gloo; commlib's own timeout is shorter
+_TIMEOUT = timedelta(seconds=1800)
+# How long closing the world waits for waiter threads still inside a point-to-point wait: peers
+# that exit at about the same time end those waits within it.
+_WAITERS_GRACE = 2.0  # torch's default for gloo; commlib's own timeout is shorter
 
 
 def _kind(pg) -> str:
@@ -121,49 +128,78 @@ def _make_pg(kind: str, store, rank: int, size: int):
 class _Waiters:
     """Threads that block in ``Work.wait()`` for works that cannot be polled. Idle threads are
     reused; a new one starts when all are busy, so a receive that waits long (an any-source
-    receive, a peer that is late) never delays the completion of later works."""
+    receive, a peer that is late) never delays the completion of later works.
+
+    Every thread ends in :meth:`stop` (the world communicator's ``close``, so ``commlib.finalize``
+    and exit): a thread still inside ``wait()`` when the interpreter finalizes is ended by Python
+    (``pthread_exit``) the moment the wait returns, inside pybind11's ``noexcept`` GIL guard, and
+    the process aborts ("terminate called without an active exception", PyTorch issue 38228). A
+    peer that exits while this rank finalizes returns such a wait; a thread freeing a ``Work``
+    (whose destructor releases the GIL too) is the same hazard, so waiters keep no reference to a
+    work once it is done."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._idle: list[queue.SimpleQueue] = []
+        self._threads: list[threading.Thread] = []
+        self._closing = False
 
     def submit(self, handle: "_P2P") -> None:
         with self._lock:
             q = self._idle.pop() if self._idle else None
-        if q is None:
-            q = queue.SimpleQueue()
-            threading.Thread(target=self._loop, args=(q,), name="commlib-torch-wait",
-                             daemon=True).start()
+            if q is None:
+                q = queue.SimpleQueue()
+                thread = threading.Thread(target=self._loop, args=(q,), name="commlib-torch-wait",
+                                          daemon=True)
+                self._threads.append(thread)
+                thread.start()
         q.put(handle)
 
     def _loop(self, q: queue.SimpleQueue) -> None:
         while True:
             handle = q.get()
+            if handle is None:
+                return
             try:
                 handle.work.wait()
             except BaseException as exc:  # noqa: BLE001 - re-raised on the owner's thread
                 handle.error = exc
             handle.done = True
             handle.event.set()
+            del handle  # the owner frees the work, on its own thread
             with self._lock:
+                if self._closing:
+                    return
                 self._idle.append(q)
 
-
-_WAITERS = _Waiters()
+    def stop(self, grace: float) -> list[threading.Thread]:
+        """End every thread: idle ones at once, one still waiting for its work within ``grace``
+        seconds (a peer exiting meanwhile ends that wait). Returns the threads still waiting:
+        works nobody completed."""
+        with self._lock:
+            self._closing = True
+            idle, self._idle = self._idle, []
+            threads, self._threads = self._threads, []
+        for q in idle:
+            q.put(None)
+        deadline = time.monotonic() + grace
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return [t for t in threads if t.is_alive()]
 
 
 class _P2P:
     """A send/recv Work of an engine whose Works cannot be polled (gloo)."""
 
-    __slots__ = ("work", "event", "error", "done")
+    __slots__ = ("work", "waiters", "event", "error", "done")
 
-    def __init__(self, work):
-        self.work, self.event, self.error, self.done = work, None, None, False
+    def __init__(self, work, waiters: _Waiters):
+        self.work, self.waiters, self.event, self.error, self.done = work, waiters, None, None, False
 
     def test(self) -> bool:
         if self.event is None:
             self.event = threading.Event()
-            _WAITERS.submit(self)
+            self.waiters.submit(self)
             return False
         if self.done and self.error is not None:
             raise self.error
@@ -258,8 +294,12 @@ class TorchBackend(Backend):
         kind: ``"gloo"`` or ``"nccl"``.
     """
 
-    def __init__(self, group, internal, kind: str, world_ranks: Sequence[int], ident: str):
+    def __init__(self, group, internal, kind: str, world_ranks: Sequence[int], ident: str,
+                 waiters: _Waiters | None = None):
         self.group, self.internal, self.kind = group, internal, kind
+        # a world owns the waiter threads of its point-to-point; its subgroups share them
+        self._owns_waiters = waiters is None
+        self._waiters = waiters or _Waiters()
         self.rank, self.size = group.rank(), group.size()
         self._world_ranks = list(world_ranks)
         self._id, self._children = ident, 0
@@ -314,7 +354,7 @@ class TorchBackend(Backend):
         group = _make_pg(self.kind, _store(ident + "/native"), rank, size)
         internal = _make_pg(self.kind, _store(ident + "/internal"), rank, size)
         return TorchBackend(group, internal, self.kind, [self._world_ranks[r] for r in ranks],
-                            ident)
+                            ident, self._waiters)
 
     def new_subgroup(self, ranks: Sequence[int]) -> "TorchBackend | None":
         ranks = list(ranks)
@@ -326,7 +366,7 @@ class TorchBackend(Backend):
         group = _make_pg(self.kind, _store(ident + "/native"), rank, size)
         internal = _make_pg(self.kind, _store(ident + "/internal"), rank, size)
         return TorchBackend(group, internal, self.kind, [self._world_ranks[r] for r in ranks],
-                            ident)
+                            ident, self._waiters)
 
     def global_ranks(self) -> list[int]:
         return list(self._world_ranks)
@@ -337,6 +377,15 @@ class TorchBackend(Backend):
         self.internal = None
         if self.group is not dist.group.WORLD:
             self.group = None
+        if self._owns_waiters:
+            stuck = self._waiters.stop(_WAITERS_GRACE)
+            if stuck:
+                log.warning(
+                    "commlib: rank %d: %d point-to-point operation(s) on backend 'torch' were "
+                    "never completed (their peers neither sent nor exited within %g s); if a peer "
+                    "exits while this process shuts down, torch may abort it. Fix: wait() every "
+                    "isend/irecv handle before finalize or exit.", self.rank, len(stuck),
+                    _WAITERS_GRACE)
 
     # ----- completion ---------------------------------------------------------------------
     def test(self, handles: list) -> bool:
@@ -400,7 +449,7 @@ class TorchBackend(Backend):
 
     # ----- point-to-point -----------------------------------------------------------------
     def _p2p(self, work):
-        return work if self._pollable else _P2P(work)
+        return work if self._pollable else _P2P(work, self._waiters)
 
     def isend(self, buf, peer, tag, user=False):
         if peer == self.rank:

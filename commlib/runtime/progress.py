@@ -417,25 +417,39 @@ class _Callbacks:
 
     def __init__(self):
         self._queue = None
+        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
     def run(self, work: Work, fns: list) -> None:
         with self._lock:
             if self._queue is None:
                 self._queue = queue.SimpleQueue()
-                threading.Thread(target=self._loop, args=(self._queue,), name="commlib-callbacks",
-                                 daemon=True).start()
+                self._thread = threading.Thread(target=self._loop, args=(self._queue,),
+                                                name="commlib-callbacks", daemon=True)
+                self._thread.start()
         for fn in fns:
             self._queue.put((fn, work))
 
     @staticmethod
     def _loop(q) -> None:
         while True:
-            fn, work = q.get()
+            item = q.get()
+            if item is None:
+                return
+            fn, work = item
             try:
                 fn(work)
             except BaseException:  # noqa: BLE001 - a callback's failure is its caller's to report
                 log.exception("commlib: a done-callback of %r raised", work)
+            del item, fn, work  # nothing the callback kept dies later on this thread
+
+    def stop(self) -> None:
+        """End the thread once the callbacks queued so far have run (``shutdown``)."""
+        with self._lock:
+            q, self._queue, thread, self._thread = self._queue, None, self._thread, None
+        if q is not None:
+            q.put(None)
+            thread.join(timeout=5)
 
 
 _CALLBACKS = _Callbacks()
@@ -602,6 +616,7 @@ def shutdown() -> None:
     operations nobody waited for are abandoned with their buffers. The next asynchronous
     operation starts them again."""
     _PROGRESS.stop()
+    _CALLBACKS.stop()
     for work in tuple(_PENDING):
         _ABANDONED.append((work._gen, work._handles, work._keep))
     _PENDING.clear()

@@ -15,9 +15,10 @@ import sys
 import threading
 import time
 
-__all__ = ["start"]
+__all__ = ["start", "stop"]
 
 _thread: threading.Thread | None = None
+_stop = threading.Event()
 
 
 def _message(group, what: str, seq: int, limit: float) -> str:
@@ -33,8 +34,7 @@ def _message(group, what: str, seq: int, limit: float) -> str:
 
 def _run(groups, period: float) -> None:
     seen: dict[int, tuple] = {}  # id(group) -> ((what, seq), first time seen)
-    while True:
-        time.sleep(period)
+    while not _stop.wait(period):
         now = time.monotonic()
         for group in tuple(groups()):
             backend = group.backend
@@ -66,6 +66,17 @@ def start(groups) -> None:
     if not timeouts:
         return
     period = max(0.05, min(1.0, min(timeouts) / 8))
+    _stop.clear()
     _thread = threading.Thread(target=_run, args=(groups, period), name="commlib-watchdog",
                                daemon=True)
     _thread.start()
+
+
+def stop() -> None:
+    """End the watchdog (``commlib.finalize``, so also at exit): no thread of commlib may be
+    running when the interpreter finalizes, nor keep the last reference to a group."""
+    global _thread
+    thread, _thread = _thread, None
+    if thread is not None:
+        _stop.set()
+        thread.join(timeout=5)

@@ -45,6 +45,8 @@ def main(namespace: dict, *modules) -> None:
     """Run the ``case_*`` functions of ``namespace`` and of ``modules`` (shared case files)."""
     import commlib
 
+    # a crash (a signal, an abort in C++) prints every thread's Python stack to stderr
+    faulthandler.enable(all_threads=True)
     commlib.init()
     rank = commlib.get_rank()
     cases = {k: v for k, v in namespace.items() if k.startswith("case_")}

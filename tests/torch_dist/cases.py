@@ -10,10 +10,12 @@ the same seeds: nothing is taken from the library under test.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import pathlib
 import sys
+import time
 
 import numpy as np
 import torch
@@ -546,6 +548,20 @@ def case_p2p_stress():
         _run_collective(coll, algo, torch.float32, salt=i)
     if commlib.get_rank() == 0:
         print(f"stress: {rounds} rounds over {len(p2p)} algorithms", flush=True)
+
+
+def case_exit_with_pending_recv():
+    """Rank 1 leaves a receive from rank 0 posted, never sent, and polled once (so a waiter
+    thread blocks in gloo's wait for it), then the job ends. Rank 0 exits at once, or
+    ``TORCH_CASES_PEER_DELAY`` seconds later: at once, its exit ends that wait while rank 1 shuts
+    down, and a waiter still inside torch then aborted rank 1 (PyTorch issue 38228)."""
+    rank, _ = world()
+    if rank == 1:
+        handle = commlib.irecv(torch.zeros(4), src=0, tag=77)
+        assert not handle.is_completed()
+    elif rank == 0:
+        # before commlib's own exit handler (they run last-registered first)
+        atexit.register(time.sleep, float(os.environ.get("TORCH_CASES_PEER_DELAY", "0")))
 
 
 if __name__ == "__main__":
