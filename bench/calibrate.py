@@ -15,7 +15,8 @@ between hosts with one pair crossing, ``net_rails`` with every local rank's pair
 * γ, the local reduction cost: commlib's reduce kernel (float32 SUM) per byte, 1 to 16 MiB;
 * the curve of every algorithm eligible on the group (the engine's own collectives, the
   shared-memory ones where the group has a segment, commlib's point-to-point ones) for
-  all_reduce, all_gather, reduce_scatter and broadcast from 8 B to 64 MiB.
+  all_reduce, all_gather, reduce_scatter and broadcast from 8 B to 64 MiB; across hosts each
+  call from 64 KiB on follows a call of a quarter its size, as in training (:func:`curves`).
 
 Every value is the median over rounds of the slowest rank's mean, taken outside the host's slow
 phases (see :class:`Quiet`). The result is merged into the
@@ -192,18 +193,48 @@ def measured_algorithms(group, coll: str) -> list[str]:
     return eligible(group.resources, Call(coll, 0)) if group.model is not None else ["native"]
 
 
-def curves(group, comm, p, target, rounds) -> dict[str, dict[str, dict[int, float]]]:
+def curves(group, comm, p, target, rounds, after_smaller: bool = False
+           ) -> dict[str, dict[str, dict[int, float]]]:
+    """Every measured algorithm's time per call at each of NATIVE_SIZES.
+
+    ``after_smaller`` (a group across hosts): from CONTEXT_FROM bytes on, a call is timed right
+    after a call of the same algorithm at the size before it in the table (a quarter of it), and
+    that call's time alone (repeated, in the same rounds) is subtracted. Training issues
+    collectives of different sizes back to back (DDP's buckets, a layer's operations); the same
+    call repeated is the best case of a network protocol's state. Measured on the vcluster (2
+    hosts, 1 Gb/s, MPICH): MPI's own all-reduce of 8 MiB took 70 ms repeated and 112 ms after a
+    1 MiB one, of 10-24 MiB 30-110 ms more, while commlib's point-to-point algorithms paid only
+    the smaller call's time; repeated calls priced them alike and the model chose MPI's."""
     out: dict[str, dict[str, dict[int, float]]] = {}
     for coll in COLLECTIVES:
         out[coll] = {a: {} for a in measured_algorithms(group, coll)}
+    prev = None  # (bytes, full, part) of the size before
     for nbytes in NATIVE_SIZES:
         count = max(p, nbytes // 4 // p * p)  # float32 elements, divisible by the group size
         full, part = torch.ones(count), torch.ones(count // p)
+        in_context = after_smaller and prev is not None and nbytes >= CONTEXT_FROM
         for coll, algos in out.items():
             fns = {a: functools.partial(run, coll, full, part, a) for a in algos}
-            for a, t in measure_many(fns, comm, target, rounds).items():
+            if in_context:  # each pair, and the smaller call alone, in the same rounds
+                small = {a: functools.partial(run, coll, *prev[1:], a) for a in algos}
+                fns = {**{a: functools.partial(_after, small[a], fn) for a, fn in fns.items()},
+                       **{(a, "alone"): fn for a, fn in small.items()}}
+            times = measure_many(fns, comm, target, rounds)
+            for a in algos:
+                t = times[a]
+                if in_context:  # less the smaller call's own time; a call costs at least that
+                    t = max(t - times[a, "alone"], times[a, "alone"])
                 algos[a][count * 4] = t
+        prev = (count * 4, full, part)
     return out
+
+
+CONTEXT_FROM = 64 << 10  # bytes: below, a call's time is its latency, whatever came before
+
+
+def _after(first, then) -> None:
+    first()
+    then()
 
 
 def main(argv=None) -> int:
@@ -264,7 +295,8 @@ def main(argv=None) -> int:
         busy, busy_times = busy_share(rail, rail.backend.comm, target, rounds)  # all rails at once
         busy = comm.bcast(busy, root=0)
     g = gamma(comm, target, rounds)
-    measured = curves(group, comm, p, target, rounds) if p > 1 else {}
+    measured = (curves(group, comm, p, target, rounds, after_smaller=hosts > 1) if p > 1
+                else {})
     if rank == 0:  # rank 0 is in every measured group (position 0 of the mesh)
         costs = {}
         print(f"# commlib calibration: backend {group.backend.name}, {p} ranks on {hosts} host(s) "

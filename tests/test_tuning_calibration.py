@@ -106,8 +106,9 @@ def test_calibrate_across_virtual_hosts_and_select_from_it(tmp_path):
     all rails), the group's entry is its own shape, and every rank then selects from it."""
     out = tmp_path / "tuning.json"
     hosts = ["a", "a", "b", "b"]
+    # up to 128 KiB: from 64 KiB on, calls across hosts are timed after a smaller one
     proc = run_mpi_hosts(hosts, str(ROOT / "bench" / "calibrate.py"), "--quick", "--max-bytes",
-                         "65536", "--out", str(out), timeout=300)
+                         "131072", "--out", str(out), timeout=300)
     assert "4 ranks on 2 host(s)" in proc.stdout, proc.stdout
     doc = load(out)
     links = doc["groups"]["mpi/4@2"]["links"]
@@ -118,6 +119,10 @@ def test_calibrate_across_virtual_hosts_and_select_from_it(tmp_path):
     busy = links["net_rails"].get("busy", 0.0)
     assert busy == links["net"].get("busy", 0.0) and f"{busy:.2f}" == found.group(1)
     assert 0.0 <= busy <= 1.0 and "busy" not in links["shm"]
+    # a call timed after a smaller one, less that one's time, still costs at least as much
+    for algos in table_for(doc, "mpi", 4, hosts=2).curves.values():
+        for curve in algos.values():
+            assert curve(131072) >= curve(32768) > 0
     proc = run_mpi_hosts(hosts, "tuning_explain.py", "hosts", timeout=240,
                          COMMLIB_TUNING_FILE=str(out))
     assert "ok case_explain_agrees_and_runs (world size 4)" in proc.stdout

@@ -194,7 +194,8 @@ class _P2P:
     __slots__ = ("work", "waiters", "event", "error", "done")
 
     def __init__(self, work, waiters: _Waiters):
-        self.work, self.waiters, self.event, self.error, self.done = work, waiters, None, None, False
+        self.work, self.waiters = work, waiters
+        self.event, self.error, self.done = None, None, False
 
     def test(self) -> bool:
         if self.event is None:

@@ -427,8 +427,9 @@ class _Callbacks:
                 self._thread = threading.Thread(target=self._loop, args=(self._queue,),
                                                 name="commlib-callbacks", daemon=True)
                 self._thread.start()
+            q = self._queue
         for fn in fns:
-            self._queue.put((fn, work))
+            q.put((fn, work))
 
     @staticmethod
     def _loop(q) -> None:
