@@ -51,3 +51,30 @@ def test_progress_on_gloo(n):
     out = run_torch(n, CASES, script=MPI_DIR / "progress_cases.py")
     for case in CASES:
         assert f"ok {case} (world size {n})" in out, out
+
+
+def test_engine_failure_names_a_lost_peer_only_when_the_engine_says_so():
+    """An engine's RuntimeError becomes CommBackendError naming the op; the message blames a
+    peer that exited only when the engine's text says a connection or process was lost (gloo's
+    "Connection closed by peer", MPI's failed process), not for any other engine error."""
+    from types import SimpleNamespace
+
+    from commlib.errors import CommBackendError
+    from commlib.runtime.progress import engine_failure
+
+    def failure(text):
+        group = SimpleNamespace(backend=SimpleNamespace(name="torch"), name="world", size=2,
+                                rank=1, broken=None)
+        err = engine_failure(RuntimeError(text), group, "all_reduce", 7)
+        assert isinstance(err, CommBackendError) and group.broken
+        assert "operation #7" in str(err) and text in str(err)
+        return str(err)
+
+    for lost in ("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:5",
+                 "Connection reset by peer", "MPI_ERR_PROC_FAILED: Process Failure",
+                 "Other MPI error, error stack: MPIR_Wait(105): Communication error with rank 0",
+                 "PeerDied: rank 0 (pid 25925) on this host died during the operation"):
+        assert "A peer process exited or was killed" in failure(lost), lost
+    for other in ("[../gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 1800000ms",
+                  "Message truncated"):
+        assert "peer process" not in failure(other), other

@@ -53,6 +53,7 @@ import atexit
 import logging
 import os
 import queue
+import re
 import threading
 import time
 from typing import Generator, NoReturn
@@ -93,6 +94,15 @@ def _expire(group, what: str, seq: int, limit: float):
     raise CommTimeoutError(message)
 
 
+# How engines report a peer gone: gloo's closed or reset connection, MPICH's and Open MPI's
+# failed process or broken socket.
+_PEER_LOST = re.compile(r"closed by peer|connection (?:closed|reset|refused)|broken pipe|"
+                        r"end of file|process(?:es)? (?:failed|died|terminated)|"
+                        r"peer.*(?:exit|died)|"
+                        r"socket closed|communication error with rank|MPI_ERR_PROC_FAILED",
+                        re.IGNORECASE)
+
+
 def engine_failure(exc: BaseException, group, what: str, seq: int) -> BaseException:
     """An engine's own error (gloo's "Connection closed by peer", an ``MPI.Exception``: both
     RuntimeErrors) as the ``CommBackendError`` commlib promises, naming the op, the group and its
@@ -103,10 +113,14 @@ def engine_failure(exc: BaseException, group, what: str, seq: int) -> BaseExcept
     text = " ".join(str(exc).split())
     group.broken = (f"operation #{seq} ({what}) failed in the {engine} engine ({text}). Fix: "
                     f"restart (commlib.destroy_process_group(), then commlib.init())")
+    if _PEER_LOST.search(text):
+        why = ("A peer process exited or was killed. Fix: find why that rank ended (its own "
+               "output), then")
+    else:
+        why = "Fix: see the engine's message above and each rank's own output, then"
     error = CommBackendError(
         f"commlib.{what}: operation #{seq} on group {group.name!r} (size {group.size}) failed on "
-        f"rank {group.rank} in the {engine} engine: {type(exc).__name__}: {text}. A peer process "
-        f"probably exited or was killed. Fix: find why that rank ended (its own output), then "
+        f"rank {group.rank} in the {engine} engine: {type(exc).__name__}: {text}. {why} "
         f"restart (commlib.destroy_process_group(), then commlib.init()) or relaunch the job.")
     error.__cause__ = exc
     return error
