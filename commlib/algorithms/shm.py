@@ -61,11 +61,23 @@ def _reduction(ctx, kind: str, out, inp, count: int, name: str):
     if seg is None:  # a group without a segment (one rank, several hosts): the engine's own
         fallback = native.reduce_scatter if kind == "reduce_scatter" else native.all_reduce
         return fallback(ctx, out, inp) if kind == "reduce_scatter" else fallback(ctx, out)
-    op = ctx.op
-    avg = ctx.size if op is ReduceOp.AVG else 0
-    handle = seg.op(KIND[kind], inp.data_ptr(), out.data_ptr(), count, DTYPE_CODES[out.dtype],
-                    OP_CODES[op], avg, 0)
-    return run_op(ctx, seg, handle, name)
+    avg = ctx.size if ctx.op is ReduceOp.AVG else 0
+    return run_op(ctx, seg, _reduce_call(seg, kind, out, inp, count, ctx.op, avg), name)
+
+
+def _reduce_call(seg, kind: str, out, inp, count: int, op, avg: int = 0):
+    """The segment's C call that reduces ``count`` elements of ``inp`` into ``out`` (``avg``: the
+    divisor of AVG, else 0)."""
+    return seg.op(KIND[kind], inp.data_ptr(), out.data_ptr(), count, DTYPE_CODES[out.dtype],
+                  OP_CODES[op], avg, 0)
+
+
+def _move_call(seg, kind: str, src, dst, root: int = 0):
+    """The segment's C call that moves ``src`` into ``dst`` as bytes (any dtype; the ranks still
+    compare ``src``'s dtype)."""
+    s, d = _bytes(src), _bytes(dst)
+    return seg.op(KIND[kind], s.data_ptr(), d.data_ptr(), s.numel(), _U8, _SUM, 0, root,
+                  _call_dtype(src))
 
 
 def reduces_natively(res, t) -> bool:
@@ -84,11 +96,8 @@ def _prepare(kind: str):
         if not blocking or seg is None or seg.closed or out.is_cuda:
             return None
         if kind == "all_gather":
-            src, dst = _bytes(inp), _bytes(out)
-            return seg.op(KIND[kind], src.data_ptr(), dst.data_ptr(), src.numel(), _U8, _SUM, 0, 0,
-                          _call_dtype(inp))
-        return seg.op(KIND[kind], inp.data_ptr(), out.data_ptr(), out.numel(),
-                      DTYPE_CODES[out.dtype], OP_CODES[op], 0, 0)
+            return _move_call(seg, kind, inp, out)
+        return _reduce_call(seg, kind, out, inp, out.numel(), op)
     return prepare
 
 
@@ -150,10 +159,7 @@ def all_gather(ctx, out, inp):
     seg = _segment(ctx, out)
     if seg is None:
         return native.all_gather(ctx, out, inp)
-    src, dst = _bytes(inp), _bytes(out)
-    handle = seg.op(KIND["all_gather"], src.data_ptr(), dst.data_ptr(), src.numel(), _U8, _SUM, 0, 0,
-                    _call_dtype(inp))
-    return run_op(ctx, seg, handle, "all_gather_into_tensor")
+    return run_op(ctx, seg, _move_call(seg, "all_gather", inp, out), "all_gather_into_tensor")
 
 
 
@@ -162,7 +168,4 @@ def broadcast(ctx, buf, root):
     seg = _segment(ctx, buf)
     if seg is None:
         return native.broadcast(ctx, buf, root)
-    b = _bytes(buf)
-    handle = seg.op(KIND["broadcast"], b.data_ptr(), b.data_ptr(), b.numel(), _U8, _SUM, 0, root,
-                    _call_dtype(buf))
-    return run_op(ctx, seg, handle, "broadcast")
+    return run_op(ctx, seg, _move_call(seg, "broadcast", buf, buf, root), "broadcast")
