@@ -202,8 +202,8 @@ def curves(group, comm, p, target, rounds, after_smaller: bool = False
     that call's time alone (repeated, in the same rounds) is subtracted. Training issues
     collectives of different sizes back to back (DDP's buckets, a layer's operations); the same
     call repeated is the best case of a network protocol's state. Measured on the vcluster (2
-    hosts, 1 Gb/s, MPICH): MPI's own all-reduce of 8 MiB took 70 ms repeated and 112 ms after a
-    1 MiB one, of 10-24 MiB 30-110 ms more, while commlib's point-to-point algorithms paid only
+    hosts, 1 Gb/s, MPICH): MPI's own all-reduce of 8 MiB took 70 ms repeated and 103 ms after a
+    1 MiB one, of 10-24 MiB 40-100 ms more, while commlib's point-to-point algorithms paid only
     the smaller call's time; repeated calls priced them alike and the model chose MPI's."""
     out: dict[str, dict[str, dict[int, float]]] = {}
     for coll in COLLECTIVES:
