@@ -166,7 +166,7 @@ class _Waiters:
                 handle.error = exc
             handle.done = True
             handle.event.set()
-            del handle  # the owner frees the work, on its own thread
+            del handle  # none kept while idle: nothing of it is freed here later (at exit)
             with self._lock:
                 if self._closing:
                     return
