@@ -96,10 +96,10 @@ _REDUCE_SCATTER_POLLABLE = {"gloo": False, "nccl": True}
 # Messages to oneself never reach the engine: gloo has no pair to itself ("Pair is not
 # connected"), so they are matched locally, by (channel, tag), in posting order.
 
-_TIMEOUT = timedelta(seconds=1800)
+_TIMEOUT = timedelta(seconds=1800)  # torch's default for gloo; commlib's own timeout is shorter
 # How long closing the world waits for waiter threads still inside a point-to-point wait: peers
 # that exit at about the same time end those waits within it.
-_WAITERS_GRACE = 2.0  # torch's default for gloo; commlib's own timeout is shorter
+_WAITERS_GRACE = 2.0
 
 
 def _kind(pg) -> str:
