@@ -248,8 +248,11 @@ def main(argv=None) -> int:
     parser.add_argument("--max-bytes", type=int, default=None,
                         help="measure sizes up to this many bytes only (a quick check)")
     parser.add_argument("--if-missing", action="store_true",
-                        help="do nothing when the tuning file already has this group size")
+                        help="do nothing when the tuning file already has this group size "
+                             "(calibrated here: an entry a job probed for itself is measured again)")
     args = parser.parse_args(argv)
+    # This is the full calibration: a job's own short probe (COMMLIB_AUTOTUNE) would only precede it.
+    os.environ["COMMLIB_AUTOTUNE"] = "0"
     commlib.init()
     group = commlib.get_world_group()
     comm = MPI.COMM_WORLD
@@ -266,7 +269,8 @@ def main(argv=None) -> int:
     layout = group.resources.layout
     hosts = layout.host_count  # one rank on each of 2 hosts is mpi/2@2, not the one-host mpi/2
     key = entry_key(group.backend.name, p, hosts)
-    if args.if_missing and os.path.exists(out) and key in load(out)["groups"]:
+    known = load(out)["groups"].get(key) if os.path.exists(out) else None
+    if args.if_missing and known is not None and "probe" not in known:  # a job's probe: measure
         if rank == 0:
             print(f"# commlib calibration: {out} already has {key}; nothing to do")
         commlib.finalize()

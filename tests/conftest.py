@@ -34,8 +34,10 @@ def base_env(**extra) -> dict:
         del env[key]
     # No calibration from this machine's cache (~/.cache/commlib): every run, here or on a fresh
     # CI machine, selects from the same uncalibrated model.
+    # Nor a probe of its own (COMMLIB_AUTOTUNE): tests/test_autotune.py runs it, on a cache of its own.
     env.update(OMP_NUM_THREADS="1", COMMLIB_TIMEOUT="60", PYTHONPATH=str(ROOT),
-               XDG_CACHE_HOME=os.path.join(tempfile.gettempdir(), "commlib-tests-cache"))
+               XDG_CACHE_HOME=os.path.join(tempfile.gettempdir(), "commlib-tests-cache"),
+               COMMLIB_AUTOTUNE="0")
     env.update({k: str(v) for k, v in extra.items()})
     return env
 

@@ -36,11 +36,13 @@ def test_plain_process_is_a_world_of_one():
     assert proc.stdout.split("\n")[:2] == ["world self 1 0", "reinit self 1"], proc.stdout
 
 
-def test_readme_example_prints_sixes_on_every_rank():
+def test_readme_example_prints_sixes_on_every_rank(tmp_path):
     code = ("import commlib, torch; commlib.init(); t = torch.full((5,), "
             "float(commlib.get_rank() + 1)); commlib.all_reduce(t); print(t)")
-    # No COMMLIB_* variable at all: the defaults, exactly as a user runs it.
+    # No COMMLIB_* variable at all: the defaults, exactly as a user runs it (so the job probes
+    # its all-reduce at init: on a cache of its own, which the other tests do not read).
     env = {k: v for k, v in base_env().items() if not k.startswith("COMMLIB_")}
+    env["XDG_CACHE_HOME"] = str(tmp_path)
     proc = run_cmd([mpiexec_path(), "-n", "3", sys.executable, "-c", code], timeout=120, env=env)
     # each rank's print is one write; lines of different ranks may interleave, tensors do not
     assert proc.stdout.count("tensor([6., 6., 6., 6., 6.])") == 3, proc.stdout

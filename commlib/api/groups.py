@@ -145,7 +145,16 @@ def _start(world_backend: Backend, name: str, source: str, timeout, debug, mode:
              name, source, timeout_s, mode, world.debug)
     if mode == "abort" and world.size > 1:
         _watchdog.start(lambda: _state.groups)
+    _autotune(world)
     return world
+
+
+def _autotune(group: Group) -> Group:
+    """In-job calibration of a new group the tuning file does not know (commlib/api/autotune.py;
+    collective over its members, nothing to do for the others)."""
+    from .autotune import autotune  # it calls collectives, which import this module
+    autotune(group)
+    return group
 
 
 def _install_abort_hook(backend: Backend) -> None:
@@ -278,7 +287,7 @@ def new_group(ranks: Sequence[int] | None = None, *, name: str | None = None,
     made = Group(backend, ranks, name, parent.timeout if timeout is None else (timeout or None),
                  parent.debug)
     _state.groups.append(made)
-    return made
+    return _autotune(made)
 
 
 def member_group(ranks: Sequence[int], key: str, *, name: str | None = None) -> Group:
@@ -296,7 +305,7 @@ def member_group(ranks: Sequence[int], key: str, *, name: str | None = None) -> 
     made = Group(backend, ranks, name or f"group{len(_state.groups)}{_short(ranks)}",
                  world.timeout, world.debug)
     _state.groups.append(made)
-    return made
+    return _autotune(made)
 
 
 def _short(ranks: Sequence[int]) -> str:
@@ -352,7 +361,7 @@ class Mesh:
             group_ = Group(backend, ranks, f"mesh{tag}.{dim_names[d]}[{fixed}]", parent.timeout,
                            parent.debug)
             _state.groups.append(group_)
-            self._groups.append(group_)
+            self._groups.append(_autotune(group_))
 
     @classmethod
     def from_topology(cls, shape: Sequence[int] | int, dim_names: Sequence[str] | None = None, *,

@@ -55,6 +55,16 @@ def _parse_affinity(text: str) -> str:
     return mode
 
 
+def _parse_autotune(text: str) -> float:
+    word = text.strip().lower()
+    if word in ("off", "no", "false"):
+        return 0.0
+    seconds = float(word)
+    if not seconds >= 0:
+        raise ValueError("expected seconds >= 0 or 'off'")
+    return seconds
+
+
 def _parse_compress_impl(text: str) -> str:
     impl = text.strip().lower()
     if impl not in ("auto", "torch", "c"):
@@ -202,6 +212,14 @@ OPTIONS: dict[str, Option] = {
                "`$XDG_CACHE_HOME/commlib/tuning-<host hash>.json`; without a file, defaults and a "
                "built-in probe. A file named here that does not exist or parse is reported at group "
                "creation (`COMMLIB_LOG=INFO`) and the defaults are used."),
+        Option("autotune", 1.0, _parse_autotune,
+               "Seconds a new group on one host may spend timing its own all-reduce algorithms "
+               "when the tuning file has no entry for its engine and size (in-job calibration: "
+               "at `commlib.init` or group creation, once per group shape and host; the result is "
+               "saved in the tuning file, so later jobs start calibrated). It also measures one "
+               "point-to-point step as the ranks see it when they outnumber the cores. `0` or "
+               "`off`: never; the nearest calibrated size's link costs are used, as `explain` "
+               "says. Described in docs/tuning.md, \"In-job calibration\"."),
         Option("cuda_aware_mpi", None, _parse_tristate,
                "Whether MPI may be given CUDA buffers: `1`, `0` or `auto` (default, asks "
                "`MPIX_Query_cuda_support` where the MPI library has it)."),

@@ -35,7 +35,8 @@ from ..errors import CommConfigError
 from ..topology.host import host_hash, host_id
 from .model import Curve, LinkCost, Table
 
-__all__ = ["FORMAT", "default_path", "tuning_path", "load", "entry_key", "save_entry", "table_for",
+__all__ = ["FORMAT", "default_path", "tuning_path", "load", "entry_key", "make_entry", "save_entry",
+           "table_for",
            "link_to_json", "link_from_json", "fit_alpha_beta"]
 
 FORMAT = "commlib-tuning/1"
@@ -82,19 +83,30 @@ def entry_key(backend: str, size: int, hosts: int = 1) -> str:
     return f"{backend}/{size}" if hosts <= 1 else f"{backend}/{size}@{hosts}"
 
 
-def save_entry(path: str | os.PathLike, key: str, links: dict[str, LinkCost],
-               curves: dict[str, dict[str, dict[int, float]]]) -> None:
-    """Merge the measurements of one group shape (``key``, see :func:`entry_key`) into the file at
-    ``path``: link costs by class, and measured curves ``{collective: {algorithm: {nbytes: s}}}``."""
-    p = pathlib.Path(path)
-    doc = _read(p) if p.exists() else {"format": FORMAT, "host": host_id(), "groups": {}}
-    doc["commlib"] = __version__
-    doc["groups"][key] = {
+def make_entry(links: dict[str, LinkCost], curves: dict[str, dict[str, dict[int, float]]],
+               probe: dict | None = None) -> dict:
+    """One group shape's entry: link costs by class, measured curves ``{collective: {algorithm:
+    {nbytes: s}}}`` and, for an entry measured by a job's own probe (:mod:`commlib.tuning.probe`),
+    how (``probe``: ``how``, the words ``explain`` prints, and what was timed)."""
+    entry = {
         "links": {k: link_to_json(v) for k, v in links.items()},
         "curves": {c: {a: {str(n): t for n, t in sorted(pts.items())} for a, pts in algos.items()}
                    for c, algos in curves.items()},
         "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+    if probe is not None:
+        entry["probe"] = probe
+    return entry
+
+
+def save_entry(path: str | os.PathLike, key: str, links: dict[str, LinkCost],
+               curves: dict[str, dict[str, dict[int, float]]], probe: dict | None = None) -> None:
+    """Merge the measurements of one group shape (``key``, see :func:`entry_key`) into the file at
+    ``path`` (:func:`make_entry`)."""
+    p = pathlib.Path(path)
+    doc = _read(p) if p.exists() else {"format": FORMAT, "host": host_id(), "groups": {}}
+    doc["commlib"] = __version__
+    doc["groups"][key] = make_entry(links, curves, probe)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_suffix(p.suffix + f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .. import config
 from ..algorithms.registry import Call, records
 from ..errors import CommConfigError
 from .calibration import entry_key, link_from_json, link_to_json, load, table_for
@@ -45,6 +46,12 @@ class GroupModel:
     table: Table | None
     source: str
     gpu: Table | None = None
+    #: Seconds the group may spend timing its own all-reduce at creation (in-job calibration,
+    #: :mod:`commlib.tuning.probe`): rank 0's ``COMMLIB_AUTOTUNE`` where the tuning file has no
+    #: entry for this group's shape on one host, else 0 (nothing to probe).
+    probe: float = 0.0
+    #: The tuning file's entry key for this group's shape (``mpi/4``): where a probe is saved.
+    key: str = ""
 
     def table_for(self, device: str) -> Table | None:
         return self.gpu if device == "cuda" else self.table
@@ -99,10 +106,11 @@ def _default_table() -> Table:
     return table
 
 
-def _local_table(backend: str, size: int, layout) -> tuple[Table, str]:
+def _local_table(backend: str, size: int, layout) -> tuple[Table, str, bool]:
     """Rank 0's view: the tuning file's entry for this group's shape (size, hosts), else
-    defaults with the probe. Across hosts: intra-host links from the host's own entry if the
-    group's has none, and ``net`` defaults where the file has no measured ``net`` link."""
+    defaults with the probe; and whether the file had that exact entry. Across hosts:
+    intra-host links from the host's own entry if the group's has none, and ``net`` defaults
+    where the file has no measured ``net`` link."""
     hosts = layout.host_count
     try:
         doc = load()
@@ -114,10 +122,13 @@ def _local_table(backend: str, size: int, layout) -> tuple[Table, str]:
     key = entry_key(backend, size, hosts)
     table = table_for(doc, backend, size, hosts)
     links = {}
+    exact = False
     if table is not None:
         entry = doc["groups"].get(key)
         if entry is not None:
-            source, links = f"tuning file, entry {key}", entry["links"]
+            source, links, exact = f"tuning file, entry {key}", entry["links"], True
+            if "probe" in entry:
+                source += f", {entry['probe'].get('how', 'probed in a job')}"
         else:  # the nearest size's link costs (table_for), no curves
             source = f"tuning file, nearest entry to {key} (link costs only)"
     else:
@@ -135,33 +146,39 @@ def _local_table(backend: str, size: int, layout) -> tuple[Table, str]:
             table.shard_inter = link_from_json(links["net_rails"])
         else:  # every local rank's shard crosses at once: they share the hosts' links
             table.shard_inter = LinkCost(table.inter.alpha, table.inter.beta * per_host, table.inter.gamma)
-    return table, source
+    return table, source, exact
 
 
 def local_model(engine, layout) -> GroupModel:
     """Rank 0's model for a group on ``engine`` (its name, size and devices) with host layout
     ``layout``: what :func:`model_to_bytes` sends to the other ranks. Never raises: a failure
     gives the defaults, saying why."""
-    table, source = None, "the engine moves no CPU memory"
+    table, source, exact = None, "the engine moves no CPU memory", True
+    key = entry_key(engine.name, engine.size, layout.host_count)
     if "cpu" in engine.devices:
         try:
-            table, source = _local_table(engine.name, engine.size, layout)
+            table, source, exact = _local_table(engine.name, engine.size, layout)
         except Exception as exc:  # noqa: BLE001 - rank 0 must still send a model, or the others wait
             log.warning("commlib: building the cost model failed (%s: %s); using the defaults",
                         type(exc).__name__, exc)
             table, source = _default_table(), f"defaults and probe (model failed: {exc})"
-    return GroupModel(table, source, gpu_table() if "cuda" in engine.devices else None)
+    # In-job calibration (commlib.tuning.probe) for a group of one host that nothing measured.
+    budget = config.get("autotune") if not exact and engine.size > 1 and layout.host_count == 1 else 0.0
+    return GroupModel(table, source, gpu_table() if "cuda" in engine.devices else None,
+                      budget or 0.0, key)
 
 
 def model_to_bytes(model: GroupModel) -> bytes:
     table = None if model.table is None else _table_json(model.table)
-    return json.dumps({"table": table, "source": model.source}).encode()
+    return json.dumps({"table": table, "source": model.source, "probe": model.probe,
+                       "key": model.key}).encode()
 
 
 def model_from_bytes(payload: bytes, devices) -> GroupModel:
     doc = json.loads(payload.decode())
     table = None if doc["table"] is None else _table_from_json(doc["table"])
-    return GroupModel(table, doc["source"], gpu_table() if "cuda" in devices else None)
+    return GroupModel(table, doc["source"], gpu_table() if "cuda" in devices else None,
+                      doc["probe"], doc["key"])
 
 
 def eligible(res, call: Call) -> list[str]:

@@ -1,0 +1,96 @@
+"""In-job calibration (commlib/tuning/probe.py, commlib/api/autotune.py): the pure rules, and real
+jobs under mpiexec on a cache of their own: the first job of a shape probes and saves the entry,
+the next one reads it, ``COMMLIB_AUTOTUNE=0`` leaves the model as it was."""
+
+import json
+
+import pytest
+
+from commlib.config import get
+from commlib.tuning.model import LinkCost
+from commlib.tuning.probe import (DROP_FACTOR, DROP_FROM, describe, repetitions, ring_link,
+                                  still_racing)
+from conftest import run_mpi
+
+
+def test_repetitions_fill_the_loop_with_at_least_one_call():
+    assert repetitions(1e-3, loop=2e-3) == 2
+    assert repetitions(5e-3, loop=2e-3) == 1      # a call longer than the loop: one
+    assert repetitions(1e-7, loop=2e-3, cap=64) == 64
+    assert repetitions(0.0, cap=8) == 8
+
+
+def test_algorithms_far_behind_in_the_bandwidth_regime_stop_racing():
+    times = {"a": 1.0, "b": DROP_FACTOR * 1.0, "c": DROP_FACTOR * 1.01}
+    assert still_racing(times, DROP_FROM) == ["a", "b"]
+    # below DROP_FROM, latency-bound: any of them may still win at larger sizes
+    assert still_racing(times, DROP_FROM // 2) == ["a", "b", "c"]
+
+
+def test_ring_link_inverts_the_ring_formula():
+    p, alpha, beta, gamma = 4, 20e-6, 1 / 2e9, 1 / 8e9
+    base = LinkCost(5e-6, 1 / 6e9, gamma, None, 0.25)
+
+    def ring(n):  # 2(p-1) steps of n/p bytes, (p-1) reductions of n/p bytes
+        return 2 * (p - 1) * alpha + 2 * (p - 1) / p * n * beta + (p - 1) / p * n * gamma
+
+    small, large = 8, 16 << 20
+    link = ring_link({small: 2 * (p - 1) * alpha, large: ring(large)}, p, base)
+    assert link.alpha == pytest.approx(alpha) and link.beta == pytest.approx(beta, rel=1e-9)
+    assert link.gamma == gamma and link.busy == 0.25
+    # never cheaper per byte than the copies the base link makes
+    fast = ring_link({small: 1e-6, large: 1e-4}, p, base)
+    assert fast.beta == base.beta
+    assert ring_link({small: 1e-6}, p, base) is None
+
+
+def test_description_names_what_was_measured():
+    text = describe(4, 4, 2, {"native": {8: 1e-5, 1 << 20: 1e-3}, "ring": {8: 2e-5}}, 0.87,
+                    LinkCost(2.5e-5, 1e-9))
+    assert "2 algorithms at 2 sizes (8 B to 1024 KiB) in 0.87 s" in text
+    assert "4 ranks on 2 cores of this host (2.0 per core)" in text and "α 25.0 us" in text
+
+
+def test_autotune_option_parses_seconds_and_off(monkeypatch):
+    monkeypatch.setenv("COMMLIB_AUTOTUNE", "off")
+    assert get("autotune") == 0.0
+    monkeypatch.setenv("COMMLIB_AUTOTUNE", "0.5")
+    assert get("autotune") == 0.5
+    monkeypatch.setenv("COMMLIB_AUTOTUNE", "-1")
+    with pytest.raises(Exception, match="COMMLIB_AUTOTUNE"):
+        get("autotune")
+
+
+def _job(n, cache, **env):
+    proc = run_mpi(n, "autotune_job.py", XDG_CACHE_HOME=str(cache), timeout=240, **env)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_first_job_probes_and_saves_the_next_reads_it(tmp_path):
+    cache = tmp_path / "cache"
+    first = _job(4, cache, COMMLIB_AUTOTUNE="0.5")
+    assert first["source"].startswith("probed in the job: all_reduce of "), first["source"]
+    assert "4 ranks on" in first["source"] and first["source"].endswith("(entry mpi/4)")
+    entry = first["groups"]["mpi/4"]
+    assert entry["probe"]["seconds"] > 0 and "probed in the job" in entry["probe"]["how"]
+    curves = entry["curves"]["all_reduce"]
+    # every algorithm eligible on a one-host group with a segment, timed at the small sizes
+    assert {"native", "ring", "shm_oneshot", "shm_twoshot"} <= set(curves), sorted(curves)
+    assert all(len(pts) >= 2 and all(t > 0 for t in pts.values()) for pts in curves.values())
+    assert entry["links"]["shm"]["alpha"] > 0 and "steps" not in entry["links"]["shm"]
+    # the 3-rank subgroup is a shape of its own: it probed too
+    assert first["sub"].startswith("probed in the job") and "mpi/3" in first["groups"]
+    # the model prices all_reduce from what it measured
+    assert all(how == "measured" or how.startswith("measured;") for _, how in first["rows"]), first["rows"]
+
+    second = _job(4, cache, COMMLIB_AUTOTUNE="0.5")
+    assert second["source"].startswith("tuning file, entry mpi/4, probed in the job"), second["source"]
+    assert second["groups"]["mpi/4"]["measured"] == entry["measured"]  # not probed again
+
+
+def test_autotune_off_keeps_the_nearest_entry(tmp_path):
+    cache = tmp_path / "cache"
+    _job(2, cache, COMMLIB_AUTOTUNE="0.3")   # writes mpi/2 (a probe, as a calibration would)
+    off = _job(3, cache, COMMLIB_AUTOTUNE="0")
+    assert off["source"] == "tuning file, nearest entry to mpi/3 (link costs only)", off["source"]
+    assert sorted(off["groups"]) == ["mpi/2"]
