@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     set_patience(args.patience)
     ds, ds_how = deepspeed_all_reduce(comm)
     if comm.rank == 0:
-        print(f"# all_reduce float32 SUM, {p} ranks; peers: MPI {MPI.Get_library_version().split(',')[0]}"
+        print(f"# all_reduce float32 SUM, {p} ranks; peers: MPI {MPI.Get_library_version().splitlines()[0].strip()}"
               f", {ds_how}; model from {commlib.get_world_group().model.source}")
         print(f"# {'bytes':>10} {'commlib us':>12} {'MPI us':>10} {'DeepSpeed us':>13} "
               f"{'MPI/commlib':>12} {'DS/commlib':>11}  algorithm")

@@ -8,8 +8,8 @@ import pytest
 
 from commlib.config import get
 from commlib.tuning.model import LinkCost
-from commlib.tuning.probe import (DROP_FACTOR, DROP_FROM, describe, repetitions, ring_link,
-                                  still_racing)
+from commlib.tuning.probe import (DROP_FACTOR, DROP_FROM, describe, merge, repetitions,
+                                  ring_link, still_racing)
 from conftest import run_mpi
 
 
@@ -38,10 +38,18 @@ def test_ring_link_inverts_the_ring_formula():
     link = ring_link({small: 2 * (p - 1) * alpha, large: ring(large)}, p, base)
     assert link.alpha == pytest.approx(alpha) and link.beta == pytest.approx(beta, rel=1e-9)
     assert link.gamma == gamma and link.busy == 0.25
-    # never cheaper per byte than the copies the base link makes
-    fast = ring_link({small: 1e-6, large: 1e-4}, p, base)
-    assert fast.beta == base.beta
+    # nothing left per byte at the largest size: the base link's β
+    flat = ring_link({small: 1e-3, large: 1e-3}, p, base)
+    assert flat.beta == base.beta and flat.alpha == pytest.approx(1e-3 / 6)
     assert ring_link({small: 1e-6}, p, base) is None
+
+
+def test_merge_keeps_the_lower_time_of_every_point():
+    a = {"native": {8: 2.0, 1024: 5.0}, "ring": {8: 9.0}}
+    b = {"native": {8: 3.0, 1024: 4.0, 65536: 7.0}, "shm": {8: 1.0}}
+    assert merge(a, b) == {"native": {8: 2.0, 1024: 4.0, 65536: 7.0}, "ring": {8: 9.0},
+                           "shm": {8: 1.0}}
+    assert a == {"native": {8: 2.0, 1024: 5.0}, "ring": {8: 9.0}}  # inputs untouched
 
 
 def test_description_names_what_was_measured():
@@ -49,6 +57,8 @@ def test_description_names_what_was_measured():
                     LinkCost(2.5e-5, 1e-9))
     assert "2 algorithms at 2 sizes (8 B to 1024 KiB) in 0.87 s" in text
     assert "4 ranks on 2 cores of this host (2.0 per core)" in text and "α 25.0 us" in text
+    assert describe(4, 4, 2, {"native": {8: 1e-5}}, 0.5, None, runs=3).startswith(
+        "probed in 3 jobs (the minimum of their probes)")
 
 
 def test_autotune_option_parses_seconds_and_off(monkeypatch):
@@ -66,13 +76,13 @@ def _job(n, cache, **env):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_first_job_probes_and_saves_the_next_reads_it(tmp_path):
-    cache = tmp_path / "cache"
-    first = _job(4, cache, COMMLIB_AUTOTUNE="0.5")
+def test_first_job_probes_and_saves_it_for_subgroups_too(tmp_path):
+    first = _job(4, tmp_path / "cache", COMMLIB_AUTOTUNE="0.5")
     assert first["source"].startswith("probed in the job: all_reduce of "), first["source"]
     assert "4 ranks on" in first["source"] and first["source"].endswith("(entry mpi/4)")
     entry = first["groups"]["mpi/4"]
-    assert entry["probe"]["seconds"] > 0 and "probed in the job" in entry["probe"]["how"]
+    assert entry["probe"]["runs"] == 1 and "probed in the job" in entry["probe"]["how"]
+    assert entry["probe"]["seconds"] > 0
     curves = entry["curves"]["all_reduce"]
     # every algorithm eligible on a one-host group with a segment, timed at the small sizes
     assert {"native", "ring", "shm_oneshot", "shm_twoshot"} <= set(curves), sorted(curves)
@@ -83,14 +93,30 @@ def test_first_job_probes_and_saves_the_next_reads_it(tmp_path):
     # the model prices all_reduce from what it measured
     assert all(how == "measured" or how.startswith("measured;") for _, how in first["rows"]), first["rows"]
 
-    second = _job(4, cache, COMMLIB_AUTOTUNE="0.5")
-    assert second["source"].startswith("tuning file, entry mpi/4, probed in the job"), second["source"]
-    assert second["groups"]["mpi/4"]["measured"] == entry["measured"]  # not probed again
+
+def test_later_jobs_probe_again_until_three_merged_then_read_it(tmp_path):
+    cache, runs = tmp_path / "cache", []
+    for k in range(1, 5):
+        job = _job(2, cache, COMMLIB_AUTOTUNE="0.3")
+        entry = job["groups"]["mpi/2"]
+        runs.append(entry)
+        assert entry["probe"]["runs"] == min(k, 3), entry["probe"]
+        if k > 1:
+            assert job["source"].startswith(f"probed in {min(k, 3)} jobs (the minimum of their probes)") \
+                or k == 4, job["source"]
+    # each merge keeps every point at the minimum of the probes so far
+    for before, after in zip(runs, runs[1:]):
+        for algo, pts in before["curves"]["all_reduce"].items():
+            for n, t in pts.items():
+                assert after["curves"]["all_reduce"][algo][n] <= t, (algo, n)
+    # the fourth job read the third's entry: nothing probed, nothing written
+    assert runs[3]["measured"] == runs[2]["measured"]
+    assert job["source"].startswith("tuning file, entry mpi/2, probed in 3 jobs"), job["source"]
 
 
 def test_autotune_off_keeps_the_nearest_entry(tmp_path):
     cache = tmp_path / "cache"
-    _job(2, cache, COMMLIB_AUTOTUNE="0.3")   # writes mpi/2 (a probe, as a calibration would)
+    _job(2, cache, COMMLIB_AUTOTUNE="0.3")   # writes mpi/2 (a probe: the nearest entry below)
     off = _job(3, cache, COMMLIB_AUTOTUNE="0")
     assert off["source"] == "tuning file, nearest entry to mpi/3 (link costs only)", off["source"]
     assert sorted(off["groups"]) == ["mpi/2"]

@@ -30,6 +30,7 @@ from ..algorithms.registry import Call, records
 from ..errors import CommConfigError
 from .calibration import entry_key, link_from_json, link_to_json, load, table_for
 from .model import DEFAULT_LINKS, Curve, LinkCost, Prediction, Table, gpu_table, predict
+from .probe import RUNS
 
 __all__ = ["GroupModel", "local_model", "model_to_bytes", "model_from_bytes", "eligible",
            "predictions", "Explanation", "explain_group"]
@@ -52,6 +53,9 @@ class GroupModel:
     probe: float = 0.0
     #: The tuning file's entry key for this group's shape (``mpi/4``): where a probe is saved.
     key: str = ""
+    #: How many jobs' probes the table's all-reduce curves already merge (0: none; a probe
+    #: merges its own into them, :func:`commlib.tuning.probe.merge`).
+    probed: int = 0
 
     def table_for(self, device: str) -> Table | None:
         return self.gpu if device == "cuda" else self.table
@@ -106,9 +110,10 @@ def _default_table() -> Table:
     return table
 
 
-def _local_table(backend: str, size: int, layout) -> tuple[Table, str, bool]:
+def _local_table(backend: str, size: int, layout) -> tuple[Table, str, int]:
     """Rank 0's view: the tuning file's entry for this group's shape (size, hosts), else
-    defaults with the probe; and whether the file had that exact entry. Across hosts:
+    defaults with the probe; and what the file had for it: -1 nothing, 0 a calibration, k the
+    probes of k jobs (:data:`commlib.tuning.probe.RUNS` make it final). Across hosts:
     intra-host links from the host's own entry if the group's has none, and ``net`` defaults
     where the file has no measured ``net`` link."""
     hosts = layout.host_count
@@ -122,13 +127,14 @@ def _local_table(backend: str, size: int, layout) -> tuple[Table, str, bool]:
     key = entry_key(backend, size, hosts)
     table = table_for(doc, backend, size, hosts)
     links = {}
-    exact = False
+    known = -1
     if table is not None:
         entry = doc["groups"].get(key)
         if entry is not None:
-            source, links, exact = f"tuning file, entry {key}", entry["links"], True
+            source, links, known = f"tuning file, entry {key}", entry["links"], 0
             if "probe" in entry:
                 source += f", {entry['probe'].get('how', 'probed in a job')}"
+                known = int(entry["probe"].get("runs", 1))
         else:  # the nearest size's link costs (table_for), no curves
             source = f"tuning file, nearest entry to {key} (link costs only)"
     else:
@@ -146,39 +152,41 @@ def _local_table(backend: str, size: int, layout) -> tuple[Table, str, bool]:
             table.shard_inter = link_from_json(links["net_rails"])
         else:  # every local rank's shard crosses at once: they share the hosts' links
             table.shard_inter = LinkCost(table.inter.alpha, table.inter.beta * per_host, table.inter.gamma)
-    return table, source, exact
+    return table, source, known
 
 
 def local_model(engine, layout) -> GroupModel:
     """Rank 0's model for a group on ``engine`` (its name, size and devices) with host layout
     ``layout``: what :func:`model_to_bytes` sends to the other ranks. Never raises: a failure
     gives the defaults, saying why."""
-    table, source, exact = None, "the engine moves no CPU memory", True
+    table, source, known = None, "the engine moves no CPU memory", 0
     key = entry_key(engine.name, engine.size, layout.host_count)
     if "cpu" in engine.devices:
         try:
-            table, source, exact = _local_table(engine.name, engine.size, layout)
+            table, source, known = _local_table(engine.name, engine.size, layout)
         except Exception as exc:  # noqa: BLE001 - rank 0 must still send a model, or the others wait
             log.warning("commlib: building the cost model failed (%s: %s); using the defaults",
                         type(exc).__name__, exc)
             table, source = _default_table(), f"defaults and probe (model failed: {exc})"
-    # In-job calibration (commlib.tuning.probe) for a group of one host that nothing measured.
-    budget = config.get("autotune") if not exact and engine.size > 1 and layout.host_count == 1 else 0.0
+    # In-job calibration (commlib.tuning.probe) for a group of one host that nothing measured,
+    # or fewer jobs than RUNS probed.
+    unsure = known == -1 or 0 < known < RUNS
+    budget = config.get("autotune") if unsure and engine.size > 1 and layout.host_count == 1 else 0.0
     return GroupModel(table, source, gpu_table() if "cuda" in engine.devices else None,
-                      budget or 0.0, key)
+                      budget or 0.0, key, max(known, 0) if budget else 0)
 
 
 def model_to_bytes(model: GroupModel) -> bytes:
     table = None if model.table is None else _table_json(model.table)
     return json.dumps({"table": table, "source": model.source, "probe": model.probe,
-                       "key": model.key}).encode()
+                       "key": model.key, "probed": model.probed}).encode()
 
 
 def model_from_bytes(payload: bytes, devices) -> GroupModel:
     doc = json.loads(payload.decode())
     table = None if doc["table"] is None else _table_from_json(doc["table"])
     return GroupModel(table, doc["source"], gpu_table() if "cuda" in devices else None,
-                      doc["probe"], doc["key"])
+                      doc["probe"], doc["key"], doc["probed"])
 
 
 def eligible(res, call: Call) -> list[str]:
