@@ -57,6 +57,7 @@ SIZES = [8 << (2 * i) for i in range(12)] + [64 << 20]
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 PREDICT_TOL, SELECT_TOL = 0.25, 0.10
 REGRET_MAX, REGRET_SHARE = 1.25, 0.90  # issue 23: the automatic all_reduce on a fresh cache
+ORDER_GAP = 1.25  # algorithms this far apart in measured time must be in that order in the model
 
 
 def worker(args) -> int:
@@ -128,6 +129,23 @@ def worker(args) -> int:
     return 0
 
 
+def ordered_pairs(rows: list[dict]) -> tuple[int, int]:
+    """Pairs of algorithms (same collective and size) whose measured times differ by more than
+    ORDER_GAP, and how many of them the model's predictions put in the measured order: how well
+    the model ranks the algorithms (closer pairs are within the noise of one sweep)."""
+    pairs = same = 0
+    for r in rows:
+        measured, predicted = r["measured"], r["predicted"]
+        names = sorted(a for a in measured if a in predicted)
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                fast, slow = (a, b) if measured[a] < measured[b] else (b, a)
+                if measured[slow] > ORDER_GAP * measured[fast]:
+                    pairs += 1
+                    same += predicted[fast] < predicted[slow]
+    return pairs, same
+
+
 def report(docs: list[dict]) -> dict[str, float]:
     within = total_pred = good = total_sel = auto_ok = total_auto = f_within = f_total = 0
     for doc in docs:
@@ -166,6 +184,11 @@ def report(docs: list[dict]) -> dict[str, float]:
             print(f"  {r['collective']:14} {r['size']:>10}  {r['picked']:18} {best:18} "
                   f"{ratio:9.2f} {sweep:6.2f} {f'{auto:.2f}' if confirm else '-':>8}  {' '.join(errs)}")
     for doc in docs:
+        pairs, same = ordered_pairs(doc["rows"])
+        if pairs:
+            print(f"# {doc['p']} ranks: the model orders {same}/{pairs} = {same / pairs:.0%} of the "
+                  f"pairs of algorithms whose measured times differ by more than "
+                  f"{ORDER_GAP:.2f}x as measured (every collective and size)")
         ratios = [r["confirm"]["ratio"] for r in doc["rows"] if r.get("confirm")]
         if ratios:
             worst = max(ratios)

@@ -53,11 +53,11 @@ def test_merge_keeps_the_lower_time_of_every_point():
 
 
 def test_description_names_what_was_measured():
-    text = describe(4, 4, 2, {"native": {8: 1e-5, 1 << 20: 1e-3}, "ring": {8: 2e-5}}, 0.87,
+    text = describe(4, 2, {"native": {8: 1e-5, 1 << 20: 1e-3}, "ring": {8: 2e-5}}, 0.87,
                     LinkCost(2.5e-5, 1e-9))
     assert "2 algorithms at 2 sizes (8 B to 1024 KiB) in 0.87 s" in text
     assert "4 ranks on 2 cores of this host (2.0 per core)" in text and "α 25.0 us" in text
-    assert describe(4, 4, 2, {"native": {8: 1e-5}}, 0.5, None, runs=3).startswith(
+    assert describe(4, 2, {"native": {8: 1e-5}}, 0.5, None, runs=3).startswith(
         "probed in 3 jobs (the minimum of their probes)")
 
 

@@ -46,7 +46,7 @@ def autotune(group) -> None:
     base = model.table.link
     link = ring_link(points.get("ring", {}), group.size, base) or base
     cores = os.cpu_count() or 1
-    how = describe(group.size, group.size, cores, points, seconds,
+    how = describe(group.size, cores, points, seconds,
                    link if "ring" in points else None, runs)
     probe = {"how": how, "seconds": round(seconds, 3), "cores": cores, "runs": runs}
     entry = make_entry({"shm": link}, {"all_reduce": points}, probe)

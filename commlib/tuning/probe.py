@@ -8,8 +8,9 @@ knows neither this group's algorithms' curves nor that its ranks share cores (4 
 cores wait for a descheduled peer at every synchronisation step; the nearest entry, 2 ranks,
 never did). So at group creation the group times its all-reduce algorithms itself, every
 eligible one at :data:`SIZES`, interleaved in :data:`ROUNDS` rounds, each loop about
-:data:`LOOP_SECONDS` (at least one call), every time the slowest rank's. From the measurements, an entry of the
-tuning file like ``bench/calibrate.py``'s (saved, so the next job of this shape starts from it):
+:data:`LOOP_SECONDS` (at least one call, after an untimed one), every time the slowest rank's.
+From the measurements, an entry of the tuning file like ``bench/calibrate.py``'s (saved, so the
+next job of this shape starts from it):
 
 * ``curves["all_reduce"]``: one measured curve per algorithm (the model prices all-reduce from
   them as it prices calibrated ones);
@@ -27,17 +28,15 @@ shared host only ever adds time.
 
 An algorithm already more than :data:`DROP_FACTOR` times slower than the best at a size in the
 bandwidth regime (from :data:`DROP_FROM` bytes) is not timed at larger sizes (its curve is then
-extrapolated along its last two points), and once the probe has run :data:`BUDGET_FACTOR` times
-its budget the larger sizes are left to extrapolation: the whole stays near the budget
-(``COMMLIB_AUTOTUNE`` seconds).
+extrapolated along its last two points), and once the probe has spent its budget
+(``COMMLIB_AUTOTUNE`` seconds, 1 by default) the larger sizes are left to extrapolation.
 """
 
 from __future__ import annotations
 
 from .model import LinkCost
 
-__all__ = ["SIZES", "ROUNDS", "LOOP_SECONDS", "DROP_FACTOR", "DROP_FROM", "BUDGET_FACTOR",
-           "RUNS", "repetitions", "still_racing", "merge", "ring_link", "describe"]
+__all__ = ["SIZES", "ROUNDS", "LOOP_SECONDS", "DROP_FACTOR", "DROP_FROM", "RUNS", "repetitions", "still_racing", "merge", "ring_link", "describe"]
 
 #: All-reduce sizes timed (bytes of float32): the latency regime, the crossovers, the bandwidth
 #: regime. Curves interpolate between them in log-log space and extrapolate past 16 MiB.
@@ -46,7 +45,6 @@ ROUNDS = 3
 LOOP_SECONDS = 8e-3
 DROP_FACTOR = 3.0
 DROP_FROM = 1 << 18
-BUDGET_FACTOR = 1.0
 RUNS = 3
 
 
@@ -96,7 +94,7 @@ def ring_link(ring: dict[int, float], p: int, base: LinkCost) -> LinkCost | None
     return LinkCost(alpha, beta, base.gamma, None, base.busy)
 
 
-def describe(p: int, ranks_here: int, cores: int, points: dict[str, dict[int, float]],
+def describe(ranks_here: int, cores: int, points: dict[str, dict[int, float]],
              seconds: float, link: LinkCost | None, runs: int = 1) -> str:
     """The model source's words for a probed entry (``explain`` prints them)."""
     sizes = sorted({n for pts in points.values() for n in pts})
