@@ -101,6 +101,23 @@ def test_calibrate_writes_a_file_the_model_reads(tmp_path):
             assert curve(64 << 20) > 10 * curve(8)
 
 
+def test_if_missing_measures_an_entry_only_a_probe_wrote(tmp_path):
+    exe = mpiexec_path()
+    if exe is None:
+        pytest.fail("mpiexec not found: install the 'mpich' extra (pip install mpich)")
+    out = tmp_path / "tuning.json"
+    save_entry(out, "mpi/2", {"shm": LinkCost(9e-6, 1e-9, 1e-10)},
+               {"all_reduce": {"native": {8: 9e-6, 1024: 1e-5}}}, {"how": "probed in the job", "runs": 3})
+    cmd = [exe, "-n", "2", sys.executable, str(ROOT / "bench" / "calibrate.py"), "--quick",
+           "--max-bytes", "4096", "--patience", "0", "--if-missing", "--out", str(out)]
+    first = run_cmd(cmd, timeout=240, env=base_env())
+    assert "# link shm: alpha" in first.stdout, first.stdout
+    entry = load(out)["groups"]["mpi/2"]
+    assert "probe" not in entry and "all_gather" in entry["curves"]
+    again = run_cmd(cmd, timeout=240, env=base_env())
+    assert "already has mpi/2; nothing to do" in again.stdout, again.stdout
+
+
 def test_calibrate_across_virtual_hosts_and_select_from_it(tmp_path):
     """2 x 2 ranks on virtual hosts: calibration measures each link class (intra-host, one rail,
     all rails), the group's entry is its own shape, and every rank then selects from it."""

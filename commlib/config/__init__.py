@@ -215,8 +215,9 @@ OPTIONS: dict[str, Option] = {
         Option("autotune", 1.0, _parse_autotune,
                "Seconds a new group on one host may spend timing its own all-reduce algorithms "
                "when the tuning file has no entry for its engine and size (in-job calibration: "
-               "at `commlib.init` or group creation, once per group shape and host; the result is "
-               "saved in the tuning file, so later jobs start calibrated). It also measures one "
+               "at `commlib.init` or group creation; the result is saved in the tuning file, and "
+               "the next jobs of that shape probe again until three probes are merged, each point "
+               "the minimum, after which jobs read it without probing). It also measures one "
                "point-to-point step as the ranks see it when they outnumber the cores. `0` or "
                "`off`: never; the nearest calibrated size's link costs are used, as `explain` "
                "says. Described in docs/tuning.md, \"In-job calibration\"."),
