@@ -98,21 +98,33 @@ def why_unavailable() -> str | None:
     return _WHY
 
 
-def wait_policy(size: int) -> tuple[int, bool]:
+def wait_policy(size: int) -> tuple[int, bool, int]:
     """How a rank of a ``size``-rank group waits for its peers: the polls it spins before giving
-    its core away, and whether it then sleeps on the peer's flag (futex) or yields
-    (``sched_yield``).
+    its core away, whether it then sleeps on the peer's flag (futex) or yields
+    (``sched_yield``), and for how many microseconds of a wait it yields before that sleep.
 
     With a core per rank: spin 2000 polls (~50 us here; 20000 burnt 0.5 ms on every step whenever
-    another job pushed the peer onto the same core, 200 was slower from 16 B to 1 MiB), then sleep,
-    which leaves the core to whoever has work. When ranks outnumber cores a spinning rank only
-    delays the peer it waits for: spin 50 polls, then yield. Measured at 4 ranks on 2 cores
-    (docs/shm.md, "Waiting"): yielding took 7.5 us per 8-byte all-reduce against 34 us for sleeping
-    (a futex wake-up per step) and 20 us for MPI's Allreduce, and was as fast or faster up to 256 MiB.
-    ``COMMLIB_SHM_SPIN`` overrides the spin count."""
-    spin, sleep = (2000, True) if size <= host_cpu_count() else (50, False)
+    another job pushed the peer onto the same core, 200 was slower from 16 B to 1 MiB), then yield
+    for up to :data:`YIELD_BEFORE_SLEEP_US`, then sleep, which leaves the core to whoever has work
+    when a peer is far behind (it is computing, or loading data). Sleeping at once lost the waits
+    inside one large call: at 2 ranks a 64 MiB two-shot all-reduce took 8.1-8.3 ms sleeping
+    after the spin, 6.4 ms yielding, 7.2-7.9 ms yielding 1 ms then sleeping (docs/shm.md,
+    "Waiting"); and ranks a launcher bound one per CPU, which count as outnumbering the cores and
+    yield, ran 1.2x faster than the same ranks bound by ``commlib.init``. When ranks outnumber
+    cores a spinning rank only delays the peer it waits for: spin 50 polls, then yield. Measured
+    at 4 ranks on 2 cores: yielding took 7.5 us per 8-byte all-reduce against 34 us for sleeping
+    (a futex wake-up per step) and 20 us for MPI's Allreduce, and was as fast or faster up to
+    256 MiB. ``COMMLIB_SHM_SPIN`` overrides the spin count."""
+    if size <= host_cpu_count():
+        spin, sleep, yield_us = 2000, True, YIELD_BEFORE_SLEEP_US
+    else:
+        spin, sleep, yield_us = 50, False, 0
     forced = config.get("shm_spin")
-    return (spin if forced is None else forced), sleep
+    return (spin if forced is None else forced), sleep, yield_us
+
+
+#: With a core per rank, a wait yields this long before it sleeps (see :func:`wait_policy`).
+YIELD_BEFORE_SLEEP_US = 20_000
 
 
 @register_transport("shm")
@@ -145,7 +157,7 @@ class ShmTransport(Transport):
         if not all(facts.shm_ext):
             return _WHY or f"the C extension is missing on rank {facts.shm_ext.index(False)}"
         slot = config.get("shm_slot_bytes")
-        spin, sleep = wait_policy(size)
+        spin, sleep, yield_us = wait_policy(size)
         # Rank 0 names and creates the segment; the name travels as 64 bytes through the engine.
         name_buf = torch.zeros(64, dtype=torch.uint8)
         seg, error = None, ""
@@ -173,12 +185,13 @@ class ShmTransport(Transport):
             log.warning("group %s: no shared-memory segment (%s); collectives use the %s engine",
                         group_name, error or "another rank could not map it", engine.name)
             return f"the segment could not be mapped ({error or 'on another rank'})"
-        seg.sleep = sleep
+        seg.sleep, seg.yield_us = sleep, yield_us
         stream = config.get("shm_stream_bytes")
         if stream is not None:
             seg.nt_min = stream
         log.info("group %s: shared-memory segment of %d bytes (%d ranks x 2 x %d), spin %d, then %s",
-                 group_name, seg.nbytes, size, slot, spin, "sleep" if sleep else "yield")
+                 group_name, seg.nbytes, size, slot, spin,
+                 f"yield for {yield_us} us, then sleep" if sleep else "yield")
         return cls(seg, engine, group_name)
 
     def close(self) -> None:

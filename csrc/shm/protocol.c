@@ -555,7 +555,7 @@ static int op_run(ShmOp *op) {
     }
     PyThreadState *ts = NULL;
     unsigned long polls = 0;
-    int dead = -1, yielding = !g->sleep || g->yield_us > 0;
+    int dead = -1, yielding = !g->sleep || g->yield_us > 0, timed = 0;
     struct timespec t0 = {0, 0};
     for (;;) {
         if (locked_progress(op))
@@ -565,9 +565,11 @@ static int op_run(ShmOp *op) {
             cpu_relax();
             continue;
         }
-        if (ts == NULL) {
+        if (ts == NULL)
             ts = PyEval_SaveThread();
+        if (!timed) { /* the wait's start: the signal checks below do not restart it */
             clock_gettime(CLOCK_MONOTONIC, &t0);
+            timed = 1;
         }
         if (yielding && g->sleep) { /* yield while the wait is short, then sleep */
             struct timespec now;

@@ -73,8 +73,10 @@ def case_segment():
     assert not ours_in_dev_shm(), os.listdir("/dev/shm")
     # both ways of waiting once spinning stops (spin 0: every wait sleeps / yields at once), with
     # ranks arriving late by turns so that waits really happen
-    spin, sleep0 = g.shm.spin, g.shm.sleep
-    assert (spin, sleep0) == wait_policy(n)  # futex with a core per rank, else sched_yield
+    spin, sleep0, yield0 = g.shm.spin, g.shm.sleep, g.shm.yield_us
+    # a core per rank: yield, then futex after a long wait; ranks outnumbering cores: yield
+    assert (spin, sleep0, yield0) == wait_policy(n)
+    assert (sleep0, yield0 > 0) in ((True, True), (False, False))
     for sleep, yield_us in ((True, 0), (False, 0), (True, 300)):  # sleep, yield, yield then sleep
         g.shm.sleep, g.shm.spin, g.shm.yield_us = sleep, 0, yield_us
         for i in range(40):
@@ -83,7 +85,7 @@ def case_segment():
             t = torch.full((3000,), float(g.rank + i))
             commlib.all_reduce(t, algorithm="shm_oneshot" if i % 2 else "shm_twoshot")
             assert torch.equal(t, torch.full((3000,), float(n * (n - 1) // 2 + n * i))), (sleep, i)
-    g.shm.sleep, g.shm.spin, g.shm.yield_us = sleep0, spin, 0
+    g.shm.sleep, g.shm.spin, g.shm.yield_us = sleep0, spin, yield0
     for name, bad in (("spin", -1), ("yield_us", -5), ("nt_min", -1)):
         try:
             setattr(g.shm, name, bad)
