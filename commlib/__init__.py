@@ -13,6 +13,7 @@ object collectives, ``monitored_barrier`` and the group queries keep torch's nam
 """
 
 from . import tuning
+from .api import autotune as _autotune  # noqa: F401 - registers the in-job calibration of new groups
 from .api.collectives import (
     all_gather,
     all_gather_into_tensor,

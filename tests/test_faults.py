@@ -216,6 +216,13 @@ def run_case(case: Case, tmp: str) -> Result:
         for p in procs:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
+        if hung:  # torchrun starts each rank in a session of its own: end the ranks too, or their
+            # open stdout keeps communicate() below waiting for ever (seen in CI)
+            for pid in re.findall(r"^rank \d+ pid (\d+) start$", open(report).read(), re.M):
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         outputs = [p.communicate()[0] for p in procs]
     ended = time.time()
     # the launchers have exited: their processes must be gone (a moment for the kernel)

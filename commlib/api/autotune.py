@@ -24,6 +24,7 @@ from ..tuning.calibration import make_entry, save_entry, table_for, tuning_path
 from ..tuning.probe import ROUNDS, SIZES, describe, merge, repetitions, ring_link, still_racing
 from ..tuning.selector import GroupModel, eligible
 from .collectives import all_reduce
+from .groups import GROUP_HOOKS
 
 __all__ = ["autotune"]
 
@@ -106,3 +107,6 @@ def _measure(group, budget: float) -> dict[str, dict[int, float]]:
         if spent > budget:
             break
     return points
+
+
+GROUP_HOOKS.append(autotune)

@@ -149,11 +149,16 @@ def _start(world_backend: Backend, name: str, source: str, timeout, debug, mode:
     return world
 
 
+#: Called with every group created here, right after it is built, on every rank that built it
+#: (collective over its members): commlib/api/autotune.py registers the in-job calibration of a
+#: group the tuning file does not know. A list, not an import: the calibration calls collectives,
+#: which import this module.
+GROUP_HOOKS: list = []
+
+
 def _autotune(group: Group) -> Group:
-    """In-job calibration of a new group the tuning file does not know (commlib/api/autotune.py;
-    collective over its members, nothing to do for the others)."""
-    from .autotune import autotune  # it calls collectives, which import this module
-    autotune(group)
+    for hook in GROUP_HOOKS:
+        hook(group)
     return group
 
 

@@ -31,6 +31,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
+from .. import config
 from ..errors import CommBackendError, CommStateError
 from ..ops import ReduceOp
 from . import register_backend
@@ -96,7 +97,23 @@ _REDUCE_SCATTER_POLLABLE = {"gloo": False, "nccl": True}
 # Messages to oneself never reach the engine: gloo has no pair to itself ("Pair is not
 # connected"), so they are matched locally, by (channel, tag), in posting order.
 
-_TIMEOUT = timedelta(seconds=1800)  # torch's default for gloo; commlib's own timeout is shorter
+_TIMEOUT = timedelta(seconds=1800)  # torch's default for gloo: with COMMLIB_TIMEOUT 0 (none)
+# The engine's own timeout past commlib's: commlib raises first, with its message.
+_TIMEOUT_MARGIN = 10.0
+
+
+def engine_timeout() -> timedelta:
+    """The timeout of the process groups commlib creates: ``COMMLIB_TIMEOUT`` plus
+    :data:`_TIMEOUT_MARGIN`, else torch's 30 minutes. An operation commlib has given up on (a
+    ``CommTimeoutError`` in raise mode, a peer that raised instead of calling) stays pending in
+    gloo until the engine's own timeout; destroying the group joins gloo's threads, which wait for
+    it, and with every rank's socket still open until its own join returns, ranks that each had
+    one pending waited for one another: a restart (``destroy_process_group`` then ``init``) hung
+    for torch's 30 minutes (seen in CI: tests/test_faults.py, gloo under torchrun, raise mode, the
+    second round). With the engine's timeout just past commlib's, such an operation fails there
+    and the join returns."""
+    seconds = config.get("timeout")
+    return timedelta(seconds=seconds + _TIMEOUT_MARGIN) if seconds else _TIMEOUT
 # How long closing the world waits for waiter threads still inside a point-to-point wait: peers
 # that exit at about the same time end those waits within it.
 _WAITERS_GRACE = 2.0
@@ -118,9 +135,9 @@ def _kind(pg) -> str:
 
 def _make_pg(kind: str, store, rank: int, size: int):
     if kind == "gloo":
-        return dist.ProcessGroupGloo(store, rank, size, _TIMEOUT)
+        return dist.ProcessGroupGloo(store, rank, size, engine_timeout())
     opts = dist.ProcessGroupNCCL.Options()
-    opts._timeout = _TIMEOUT
+    opts._timeout = engine_timeout()
     return dist.ProcessGroupNCCL(store, rank, size, opts)
 
 
@@ -596,7 +613,7 @@ def _init_from_env() -> None:
             f"{', '.join(_ENV)}."
         )
     kind = "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
-    kwargs = {}
+    kwargs = {"timeout": engine_timeout()}
     if kind == "nccl":
         fallback = int(os.environ["RANK"]) % torch.cuda.device_count()
         local = int(os.environ.get("LOCAL_RANK", fallback))
