@@ -269,8 +269,8 @@ def main(argv=None) -> int:
     layout = group.resources.layout
     hosts = layout.host_count  # one rank on each of 2 hosts is mpi/2@2, not the one-host mpi/2
     key = entry_key(group.backend.name, p, hosts)
-    known = load(out)["groups"].get(key) if os.path.exists(out) else None
-    if args.if_missing and known is not None and "probe" not in known:  # a job's probe: measure
+    known = load(out)["groups"].get(key) if args.if_missing and os.path.exists(out) else None
+    if known is not None and "probe" not in known:  # an entry only a job's probe wrote: measure
         if rank == 0:
             print(f"# commlib calibration: {out} already has {key}; nothing to do")
         commlib.finalize()

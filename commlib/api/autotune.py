@@ -20,7 +20,7 @@ import torch
 
 from ..algorithms.registry import Call
 from ..ops import ReduceOp
-from ..tuning.calibration import make_entry, save_entry, table_for, tuning_path
+from ..tuning.calibration import make_entry, put_entry, table_for, tuning_path
 from ..tuning.probe import ROUNDS, SIZES, describe, merge, repetitions, ring_link, still_racing
 from ..tuning.selector import GroupModel, eligible
 from .collectives import all_reduce
@@ -58,7 +58,7 @@ def autotune(group) -> None:
     log.info("group %s: %s", group.name, how)
     if group.rank == 0:
         try:
-            save_entry(tuning_path(), key, {"shm": link}, {"all_reduce": points}, probe)
+            put_entry(tuning_path(), key, entry)
         except OSError as exc:
             log.warning("commlib: could not save the probed entry %s in %s (%s); this job uses "
                         "it, the next one probes again", key, tuning_path(), exc)

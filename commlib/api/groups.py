@@ -145,7 +145,7 @@ def _start(world_backend: Backend, name: str, source: str, timeout, debug, mode:
              name, source, timeout_s, mode, world.debug)
     if mode == "abort" and world.size > 1:
         _watchdog.start(lambda: _state.groups)
-    _autotune(world)
+    _created(world)
     return world
 
 
@@ -156,7 +156,7 @@ def _start(world_backend: Backend, name: str, source: str, timeout, debug, mode:
 GROUP_HOOKS: list = []
 
 
-def _autotune(group: Group) -> Group:
+def _created(group: Group) -> Group:
     for hook in GROUP_HOOKS:
         hook(group)
     return group
@@ -292,7 +292,7 @@ def new_group(ranks: Sequence[int] | None = None, *, name: str | None = None,
     made = Group(backend, ranks, name, parent.timeout if timeout is None else (timeout or None),
                  parent.debug)
     _state.groups.append(made)
-    return _autotune(made)
+    return _created(made)
 
 
 def member_group(ranks: Sequence[int], key: str, *, name: str | None = None) -> Group:
@@ -310,7 +310,7 @@ def member_group(ranks: Sequence[int], key: str, *, name: str | None = None) -> 
     made = Group(backend, ranks, name or f"group{len(_state.groups)}{_short(ranks)}",
                  world.timeout, world.debug)
     _state.groups.append(made)
-    return _autotune(made)
+    return _created(made)
 
 
 def _short(ranks: Sequence[int]) -> str:
@@ -366,7 +366,7 @@ class Mesh:
             group_ = Group(backend, ranks, f"mesh{tag}.{dim_names[d]}[{fixed}]", parent.timeout,
                            parent.debug)
             _state.groups.append(group_)
-            self._groups.append(_autotune(group_))
+            self._groups.append(_created(group_))
 
     @classmethod
     def from_topology(cls, shape: Sequence[int] | int, dim_names: Sequence[str] | None = None, *,

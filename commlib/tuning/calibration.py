@@ -36,7 +36,7 @@ from ..topology.host import host_hash, host_id
 from .model import Curve, LinkCost, Table
 
 __all__ = ["FORMAT", "default_path", "tuning_path", "load", "entry_key", "make_entry", "save_entry",
-           "table_for",
+           "put_entry", "table_for",
            "link_to_json", "link_from_json", "fit_alpha_beta"]
 
 FORMAT = "commlib-tuning/1"
@@ -102,11 +102,16 @@ def make_entry(links: dict[str, LinkCost], curves: dict[str, dict[str, dict[int,
 def save_entry(path: str | os.PathLike, key: str, links: dict[str, LinkCost],
                curves: dict[str, dict[str, dict[int, float]]], probe: dict | None = None) -> None:
     """Merge the measurements of one group shape (``key``, see :func:`entry_key`) into the file at
-    ``path`` (:func:`make_entry`)."""
+    ``path`` (:func:`make_entry`, :func:`put_entry`)."""
+    put_entry(path, key, make_entry(links, curves, probe))
+
+
+def put_entry(path: str | os.PathLike, key: str, entry: dict) -> None:
+    """Merge one group shape's ``entry`` (:func:`make_entry`) into the file at ``path``."""
     p = pathlib.Path(path)
     doc = _read(p) if p.exists() else {"format": FORMAT, "host": host_id(), "groups": {}}
     doc["commlib"] = __version__
-    doc["groups"][key] = make_entry(links, curves, probe)
+    doc["groups"][key] = entry
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_suffix(p.suffix + f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")

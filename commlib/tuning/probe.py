@@ -36,7 +36,8 @@ from __future__ import annotations
 
 from .model import LinkCost
 
-__all__ = ["SIZES", "ROUNDS", "LOOP_SECONDS", "DROP_FACTOR", "DROP_FROM", "RUNS", "repetitions", "still_racing", "merge", "ring_link", "describe"]
+__all__ = ["SIZES", "ROUNDS", "LOOP_SECONDS", "DROP_FACTOR", "DROP_FROM", "RUNS", "repetitions",
+           "still_racing", "merge", "ring_link", "describe"]
 
 #: All-reduce sizes timed (bytes of float32): the latency regime, the crossovers, the bandwidth
 #: regime. Curves interpolate between them in log-log space and extrapolate past 16 MiB.
