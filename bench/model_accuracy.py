@@ -2,6 +2,7 @@
 
     python bench/model_accuracy.py [--ranks 2,3,4] [--quick]      # spawns mpiexec per size
     python bench/model_accuracy.py --fresh --unbound --collectives all_reduce   # a new user's day
+    python bench/model_accuracy.py --fresh --unbound --crowded-probe ...        # ... slowed probe
     mpirun -n N python bench/model_accuracy.py --worker --json F   # one size (what it spawns)
 
 For all_reduce, all_gather, reduce_scatter and broadcast from 8 B to 64 MiB (x4 steps), at each
@@ -33,7 +34,10 @@ a new user's does: with the in-job probe of ``COMMLIB_AUTOTUNE`` where nothing i
 With ``--unbound`` the ranks are launched as ``make bench`` launches them (no ``-bind-to``;
 commlib binds them itself, ``COMMLIB_AFFINITY``). For all_reduce it then prints, per world size,
 the goals the automatic call is held to: within 1.25x of the best forced algorithm at every
-size and within 1.10x at 90% of them (head-to-head ratios).
+size and within 1.10x at 90% of them (head-to-head ratios). ``--crowded-probe`` makes the probe
+run slowed, as in one of the host's slow phases: rank 0 starts busy processes (two per core)
+before ``commlib.init`` and stops them after it, so the sweep scores what the job's checks of its
+probe (``COMMLIB_AUTOTUNE_RECHECK``) make of a bad one.
 
 It prints one table per world size and the shares over all points. The model is the group's own
 (``group.model``: from the tuning file, ``COMMLIB_TUNING_FILE`` or the per-host cache written by
@@ -73,9 +77,15 @@ def worker(args) -> int:
     from commlib.tuning.selector import GroupModel, eligible, predictions
 
     torch.set_num_threads(1)
-    commlib.init()
-    group = commlib.get_world_group()
     comm = MPI.COMM_WORLD
+    hogs = crowd() if args.crowded_probe and comm.Get_rank() == 0 else []
+    try:
+        commlib.init()
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    group = commlib.get_world_group()
     dist = init_gloo(comm)
     p = group.size
     target, rounds = (0.02, 3) if args.quick else (0.05, 5)
@@ -124,9 +134,16 @@ def worker(args) -> int:
                          "picked": picked, "confirm": confirm})
     if group.rank == 0:
         with open(args.json, "w") as f:
-            json.dump({"p": p, "model": model.source, "rows": rows, "quiet": quiet_summary(comm)}, f)
+            json.dump({"p": p, "model": model.source, "rows": rows, "quiet": quiet_summary(comm),
+                       "model_end": group.model.source, "crowded": len(hogs)}, f)
     commlib.finalize()
     return 0
+
+
+def crowd() -> list:
+    """Busy processes, two per core, each ending by itself within a minute: a crowded host."""
+    spin = "import time\nend = time.time() + 60\nwhile time.time() < end: pass\n"
+    return [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2 * (os.cpu_count() or 1))]
 
 
 def ordered_pairs(rows: list[dict]) -> tuple[int, int]:
@@ -150,6 +167,10 @@ def report(docs: list[dict]) -> dict[str, float]:
     within = total_pred = good = total_sel = auto_ok = total_auto = f_within = f_total = 0
     for doc in docs:
         print(f"\n# {doc['p']} ranks; model from {doc['model']}")
+        if doc.get("crowded"):
+            print(f"# the probe ran on a crowded host ({doc['crowded']} busy processes during init)")
+        if doc.get("model_end", doc["model"]) != doc["model"]:
+            print(f"# model at the end of the job: {doc['model_end']}")
         if doc.get("quiet"):
             print(doc["quiet"])
         print(f"# {'collective':14} {'size':>10}  {'picked':18} {'best':18} {'pick/best':>9} "
@@ -227,6 +248,8 @@ def main(argv=None) -> int:
                              "ranks): the other sizes probe in the job")
     parser.add_argument("--unbound", action="store_true",
                         help="launch without -bind-to core, as make bench does")
+    parser.add_argument("--crowded-probe", action="store_true",
+                        help="busy processes on the cores during commlib.init: a slowed probe")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", default=None, help="worker: where to write its rows; "
                         "spawner: also write every row here")
@@ -253,6 +276,7 @@ def main(argv=None) -> int:
             cmd = [mpiexec, *bind, "-n", str(n), sys.executable,
                    os.path.abspath(__file__), "--worker", "--collectives", args.collectives,
                    "--json", out] + (["--quick"] if args.quick else []) + \
+                (["--crowded-probe"] if args.crowded_probe else []) + \
                 (["--max-bytes", str(args.max_bytes)] if args.max_bytes is not None else [])
             subprocess.run(cmd, check=True, timeout=1800, env=env)
             with open(out) as f:

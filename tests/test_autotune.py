@@ -8,8 +8,9 @@ import pytest
 
 from commlib.config import get
 from commlib.tuning.model import LinkCost
-from commlib.tuning.probe import (DROP_FACTOR, DROP_FROM, describe, merge, repetitions,
-                                  ring_link, still_racing)
+from commlib.tuning.probe import (CHECK_UNITS, DROP_FACTOR, DROP_FROM, STALE_FACTOR,
+                                  check_size, describe, merge, repetitions, ring_link, stale,
+                                  still_racing, units)
 from conftest import run_mpi
 
 
@@ -58,7 +59,7 @@ def test_description_names_what_was_measured():
     assert "2 algorithms at 2 sizes (8 B to 1024 KiB) in 0.87 s" in text
     assert "4 ranks on 2 cores of this host (2.0 per core)" in text and "α 25.0 us" in text
     assert describe(4, 2, {"native": {8: 1e-5}}, 0.5, None, runs=3).startswith(
-        "probed in 3 jobs (the minimum of their probes)")
+        "probed 3 times (the minimum of the probes)")
 
 
 def test_autotune_option_parses_seconds_and_off(monkeypatch):
@@ -102,7 +103,7 @@ def test_later_jobs_probe_again_until_three_merged_then_read_it(tmp_path):
         runs.append(entry)
         assert entry["probe"]["runs"] == min(k, 3), entry["probe"]
         if k > 1:
-            assert job["source"].startswith(f"probed in {min(k, 3)} jobs (the minimum of their probes)") \
+            assert job["source"].startswith(f"probed {min(k, 3)} times (the minimum of the probes)") \
                 or k == 4, job["source"]
     # each merge keeps every point at the minimum of the probes so far
     for before, after in zip(runs, runs[1:]):
@@ -111,7 +112,7 @@ def test_later_jobs_probe_again_until_three_merged_then_read_it(tmp_path):
                 assert after["curves"]["all_reduce"][algo][n] <= t, (algo, n)
     # the fourth job read the third's entry: nothing probed, nothing written
     assert runs[3]["measured"] == runs[2]["measured"]
-    assert job["source"].startswith("tuning file, entry mpi/2, probed in 3 jobs"), job["source"]
+    assert job["source"].startswith("tuning file, entry mpi/2, probed 3 times"), job["source"]
 
 
 def test_autotune_off_keeps_the_nearest_entry(tmp_path):
@@ -120,3 +121,48 @@ def test_autotune_off_keeps_the_nearest_entry(tmp_path):
     off = _job(3, cache, COMMLIB_AUTOTUNE="0")
     assert off["source"] == "tuning file, nearest entry to mpi/3 (link costs only)", off["source"]
     assert sorted(off["groups"]) == ["mpi/2"]
+
+
+def test_check_size_is_the_largest_raced_size_up_to_2_mib():
+    points = {"a": {8: 1.0, 1 << 21: 2.0, 1 << 24: 3.0}, "b": {8: 1.0, 1 << 21: 2.0, 1 << 24: 4.0},
+              "c": {8: 1.0, 1 << 18: 1.0}}
+    assert check_size(points) == 1 << 21          # 16 MiB is past the check size
+    assert check_size({"a": {8: 1.0, 1 << 18: 1.0}, "b": {8: 1.0}}) == 8  # 256 KiB: one algorithm
+    assert check_size({"a": {8: 1.0}}) is None
+
+
+def test_stale_names_the_algorithms_that_now_run_much_faster():
+    points = {"shm": {1 << 21: 4e-3}, "native": {1 << 21: 3e-3}, "ring": {8: 1e-5}}
+    now = {"shm": 1e-3, "native": 2.9e-3, "ring": 1e-9}   # ring was not timed at this size
+    assert stale(points, now, 1 << 21) == ["shm"]
+    assert stale(points, {"shm": 4e-3 / STALE_FACTOR * 1.01}, 1 << 21) == []
+    assert stale(points, {"shm": 9e-3, "native": 9e-3}, 1 << 21) == []  # a slow check: nothing
+
+
+def test_units_count_calls_and_bytes():
+    assert units(8) == 1 and units(1 << 16) == 2 and units(64 << 20) == 1025
+    assert CHECK_UNITS // units(4 << 20) == 15
+
+
+def test_recheck_option_parses_increasing_seconds_and_off(monkeypatch):
+    assert get("autotune_recheck") == (15.0, 60.0, 240.0)
+    monkeypatch.setenv("COMMLIB_AUTOTUNE_RECHECK", "off")
+    assert get("autotune_recheck") == ()
+    monkeypatch.setenv("COMMLIB_AUTOTUNE_RECHECK", "0.5, 2")
+    assert get("autotune_recheck") == (0.5, 2.0)
+    for bad in ("2,1", "-1", "soon"):
+        monkeypatch.setenv("COMMLIB_AUTOTUNE_RECHECK", bad)
+        with pytest.raises(Exception, match="COMMLIB_AUTOTUNE_RECHECK"):
+            get("autotune_recheck")
+
+
+def test_a_probe_slowed_by_a_crowded_host_is_found_out_and_done_again(tmp_path):
+    proc = run_mpi(2, "autotune_recheck_job.py", XDG_CACHE_HOME=str(tmp_path / "cache"),
+                   COMMLIB_AUTOTUNE="0.3", COMMLIB_AUTOTUNE_RECHECK="0.5", timeout=240)
+    job = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert job["before"].startswith("probed in the job"), job["before"]
+    # the check came at the first agreement past 0.5 s, found the probe slow and probed again
+    assert job["probed"] == 2, job
+    assert job["after"].startswith("probed 2 times (the minimum of the probes)"), job["after"]
+    assert job["groups"]["mpi/2"]["probe"]["runs"] == 2
+    assert not job["hook"]  # the only check time has passed: no more checks

@@ -1,9 +1,11 @@
 """In-job calibration: a new group whose shape the tuning file does not know times its own
-all-reduce algorithms, once, and keeps the result (what is measured and how it becomes the model:
-:mod:`commlib.tuning.probe`; switched by ``COMMLIB_AUTOTUNE``).
+all-reduce algorithms and keeps the result (what is measured and how it becomes the model:
+:mod:`commlib.tuning.probe`; switched by ``COMMLIB_AUTOTUNE``), and checks it later in the job
+(``COMMLIB_AUTOTUNE_RECHECK``).
 
 Collective over the group, right after the group is built (``commlib.init``, ``new_group``,
-``Mesh``), on every member: the decision to probe and its budget are rank 0's, agreed with the
+``Mesh``) and at the checks (:class:`_Recheck`, from the group's all-reduce calls), on every
+member: the decisions to probe, the budget and the check times are rank 0's, agreed with the
 model, and every later decision (repetitions, which algorithms stay, when to stop) is made from
 times all-reduced to their maximum, so every rank takes the same path. Rank 0 saves the entry in
 the tuning file (a failure to write is logged, not raised: the job keeps its measured model).
@@ -21,7 +23,9 @@ import torch
 from ..algorithms.registry import Call
 from ..ops import ReduceOp
 from ..tuning.calibration import make_entry, put_entry, table_for, tuning_path
-from ..tuning.probe import ROUNDS, SIZES, describe, merge, repetitions, ring_link, still_racing
+from ..runtime.plans import forget
+from ..tuning.probe import (CHECK_UNITS, ROUNDS, RUNS, SIZES, check_size, describe, merge,
+                            repetitions, ring_link, stale, still_racing, units)
 from ..tuning.selector import GroupModel, eligible
 from .collectives import all_reduce
 from .groups import GROUP_HOOKS
@@ -33,17 +37,28 @@ log = logging.getLogger("commlib")
 
 def autotune(group) -> None:
     """Probe ``group`` if its agreed model asks for it (``model.probe`` seconds > 0), then
-    replace the model with the measured one. Collective over the group's members."""
+    replace the model with the measured one and, while fewer than RUNS probes are merged, leave
+    the job's checks of it on the group's all-reduce calls (:class:`_Recheck`). Collective over
+    the group's members."""
     model = group.model if group.backend is not None else None
     if model is None or not model.probe or model.table is None or group.size < 2:
         return
+    _probe(group, model.probe)
+    if model.recheck and group.model.probed < RUNS:
+        group.on_all_reduce = _Recheck(model.probe, model.recheck)
+
+
+def _probe(group, budget: float) -> None:
+    """Time the group's all-reduce algorithms for about ``budget`` seconds, merge the times into
+    the probes its model already holds, make the result its model (the choices and plans made
+    from the old one dropped) and save it (rank 0)."""
+    model = group.model
     start = time.perf_counter()
-    points = _measure(group, model.probe)
+    points = _measure(group, budget)
     seconds = time.perf_counter() - start
     runs = model.probed + 1
-    if model.probed:  # earlier jobs' probes, agreed with the model: the minimum of them all
-        previous = model.table.curves.get("all_reduce", {})
-        points = merge({a: dict(zip(c.sizes, c.times)) for a, c in previous.items()}, points)
+    if model.probed:  # earlier probes, agreed with the model: the minimum of them all
+        points = merge(_points(model), points)
     base = model.table.link
     link = ring_link(points.get("ring", {}), group.size, base) or base
     cores = os.cpu_count() or 1
@@ -54,7 +69,8 @@ def autotune(group) -> None:
     backend, key = group.backend.name, model.key
     table = table_for({"groups": {key: entry}}, backend, group.size)
     group.resources.model = GroupModel(table, f"{how} (entry {key})", model.gpu, 0.0, key, runs)
-    group.resources.choices.clear()  # choices made during the probe, from the old model
+    group.resources.choices.clear()  # choices made from the old model
+    forget(group)
     log.info("group %s: %s", group.name, how)
     if group.rank == 0:
         try:
@@ -62,6 +78,59 @@ def autotune(group) -> None:
         except OSError as exc:
             log.warning("commlib: could not save the probed entry %s in %s (%s); this job uses "
                         "it, the next one probes again", key, tuning_path(), exc)
+
+
+def _points(model) -> dict[str, dict[int, float]]:
+    """The model's all-reduce curves as probe points: {algorithm: {nbytes: seconds}}."""
+    curves = model.table.curves.get("all_reduce", {})
+    return {a: dict(zip(c.sizes, c.times)) for a, c in curves.items()}
+
+
+class _Recheck:
+    """The job's checks of its probe, run by the group's all-reduce calls
+    (``group.on_all_reduce``; why: :mod:`commlib.tuning.probe`). Every :data:`CHECK_UNITS` units
+    of calls the ranks agree on the seconds since the probe (the slowest clock's); at each of
+    ``times`` they re-time the algorithms of one size, and where one runs STALE_FACTOR times
+    faster than the model says, probe again with ``budget``. Ends after the last time or once
+    RUNS probes are merged. Every rank takes the same path: the counts are of the same calls,
+    the clock and the times are agreed."""
+
+    def __init__(self, budget: float, times):
+        self.budget, self.times = budget, list(times)
+        self.start = time.perf_counter()
+        self.units = CHECK_UNITS
+
+    def __call__(self, group, nbytes: int) -> None:
+        self.units -= units(nbytes)
+        if self.units > 0:
+            return
+        self.units = CHECK_UNITS
+        group.on_all_reduce = None  # the check's own calls do not count
+        if self._check(group):
+            group.on_all_reduce = self
+
+    def _check(self, group) -> bool:
+        """One agreement of the clock and, when a time has come, the check; whether there is
+        more to check."""
+        (elapsed,) = _agreed(group, [time.perf_counter() - self.start])
+        if elapsed < self.times[0]:
+            return True
+        self.times.pop(0)
+        points = _points(group.model)
+        nbytes = check_size(points)
+        if nbytes is None:
+            return False
+        names = sorted(a for a, pts in points.items() if nbytes in pts)
+        buf = torch.zeros(nbytes // 4)
+        loops = [_loop(group, buf, a, repetitions(points[a][nbytes])) for a in names]
+        now = dict(zip(names, _agreed(group, loops)))
+        faster = stale(points, now, nbytes)
+        log.info("group %s: probe checked %.0f s after it at %d bytes: %s", group.name, elapsed,
+                 nbytes, f"{', '.join(faster)} now faster, probing again" if faster
+                 else "as probed")
+        if faster:
+            _probe(group, self.budget)
+        return bool(self.times) and group.model.probed < RUNS
 
 
 def _agreed(group, values: list[float]) -> list[float]:

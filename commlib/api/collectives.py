@@ -325,9 +325,13 @@ def all_reduce(tensor, op=ReduceOp.SUM, group: Group | None = None, async_op: bo
             and plan[2] is group and plan[3] is algorithm and tensor.data_ptr() == plan[4] \
             and tensor.numel() == plan[5] and tensor.is_contiguous():
         g = plan[6]  # a repeated call: see commlib/runtime/plans.py
+        if g.on_all_reduce is not None:
+            g.on_all_reduce(g, tensor.nbytes)
         g.seq += 1
         return _run_plan(g, plan[7], tensor)
     g = resolve_group(group, "all_reduce")
+    if g.on_all_reduce is not None:  # before the choice: it may change the model
+        g.on_all_reduce(g, getattr(tensor, "nbytes", 0))
     try:
         t = as_tensor(tensor, "all_reduce", "tensor", writable=True)
         rop = _op("all_reduce", op, t.dtype)

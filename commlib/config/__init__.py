@@ -65,6 +65,16 @@ def _parse_autotune(text: str) -> float:
     return seconds
 
 
+def _parse_recheck(text: str) -> tuple[float, ...]:
+    word = text.strip().lower()
+    if word in ("", "off", "no", "false", "0"):
+        return ()
+    times = tuple(float(x) for x in word.split(","))
+    if any(not t >= 0 for t in times) or list(times) != sorted(times):
+        raise ValueError("expected increasing seconds >= 0, comma-separated, or 'off'")
+    return times
+
+
 def _parse_compress_impl(text: str) -> str:
     impl = text.strip().lower()
     if impl not in ("auto", "torch", "c"):
@@ -221,6 +231,12 @@ OPTIONS: dict[str, Option] = {
                "point-to-point step as the ranks see it when they outnumber the cores. `0` or "
                "`off`: never; the nearest calibrated size's link costs are used, as `explain` "
                "says. Described in docs/tuning.md, \"In-job calibration\"."),
+        Option("autotune_recheck", (15.0, 60.0, 240.0), _parse_recheck,
+               "Seconds after an in-job probe (`COMMLIB_AUTOTUNE`) at which the job times one "
+               "size's all-reduce algorithms again (comma-separated, increasing); where one runs "
+               "1.35x faster than the probe measured, the probe fell in a slow phase of the host "
+               "and the job probes again and merges. `off`: never. Described in docs/tuning.md, "
+               "\"In-job calibration\"."),
         Option("cuda_aware_mpi", None, _parse_tristate,
                "Whether MPI may be given CUDA buffers: `1`, `0` or `auto` (default, asks "
                "`MPIX_Query_cuda_support` where the MPI library has it)."),

@@ -33,6 +33,10 @@ class Group:
         self.seq = 0
         #: why the group cannot run operations any more (finalized, an earlier timeout), or None
         self.broken: str | None = None
+        #: called as ``on_all_reduce(group, nbytes)`` by every ``all_reduce`` on the group before
+        #: it starts, on every member at the same call (the in-job re-check of a probed model,
+        #: commlib/api/autotune.py), or None
+        self.on_all_reduce = None
         self._index = {r: i for i, r in enumerate(self.ranks)}
         # Everything the group needs besides its engine: host layout, transports (shared memory,
         # CUDA IPC), the agreed cost model. Collective: every member constructs the group at the

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import weakref
 
-__all__ = ["PLANS", "PAIRS", "remember", "remember_pair", "planned_pair", "clear"]
+__all__ = ["PLANS", "PAIRS", "remember", "remember_pair", "planned_pair", "clear", "forget"]
 
 # id(tensor) -> (weakref, op, group argument, algorithm argument, data_ptr, numel, Group, post)
 PLANS: dict[int, tuple] = {}
@@ -63,3 +63,11 @@ def planned_pair(name: str, out, inp, op, group_arg, algorithm):
 def clear() -> None:
     PLANS.clear()
     PAIRS.clear()
+
+
+def forget(group) -> None:
+    """Drop the plans of ``group``'s calls (its model changed: their algorithms were chosen by the
+    old one)."""
+    for cache in (PLANS, PAIRS):
+        for key in [k for k, plan in cache.items() if plan[-2] is group]:
+            del cache[key]

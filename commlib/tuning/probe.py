@@ -24,7 +24,15 @@ in which traffic between cores runs 3-4x slower, the shared-memory algorithms' m
 engine's: a 16 MiB all-reduce on 4 ranks measured 13.5 ms for the two-shot and 11 ms for MPI's in
 one, 4.4 and 12.7 ms outside it). So an entry is probed again by the next jobs of its shape until
 :data:`RUNS` probes are merged, each point the minimum over them (:func:`merge`): noise on a
-shared host only ever adds time.
+shared host only ever adds time. And the job that probed does not keep a slow-phase probe for its
+whole length: at the times of ``COMMLIB_AUTOTUNE_RECHECK`` (15, 60 and 240 s after the probe by
+default) it times the algorithms of one size again (:func:`check_size`, one round), and where one
+of them now runs :data:`STALE_FACTOR` times faster than the model says (:func:`stale`: the probe
+fell in a slow phase, the check did not) it probes again and merges. A check that falls in a slow
+phase itself only finds everything slower, and leaves the model as it is. The checks ride on the
+group's all-reduce calls, one agreement of the clock every :data:`CHECK_UNITS` units
+(:func:`units`: a call, plus one per 64 KiB), so they cost the job at most a few tenths of a
+percent and every rank runs them at the same call.
 
 An algorithm already more than :data:`DROP_FACTOR` times slower than the best at a size in the
 bandwidth regime (from :data:`DROP_FROM` bytes) is not timed at larger sizes (its curve is then
@@ -36,8 +44,9 @@ from __future__ import annotations
 
 from .model import LinkCost
 
-__all__ = ["SIZES", "ROUNDS", "LOOP_SECONDS", "DROP_FACTOR", "DROP_FROM", "RUNS", "repetitions",
-           "still_racing", "merge", "ring_link", "describe"]
+__all__ = ["SIZES", "ROUNDS", "LOOP_SECONDS", "DROP_FACTOR", "DROP_FROM", "RUNS", "STALE_FACTOR",
+           "CHECK_UNITS", "repetitions", "still_racing", "merge", "ring_link", "describe",
+           "check_size", "stale", "units"]
 
 #: All-reduce sizes timed (bytes of float32): the latency regime, the crossovers, the bandwidth
 #: regime. Curves interpolate between them in log-log space and extrapolate past 16 MiB.
@@ -47,6 +56,12 @@ LOOP_SECONDS = 8e-3
 DROP_FACTOR = 3.0
 DROP_FROM = 1 << 18
 RUNS = 3
+#: A re-timed algorithm this many times faster than the model's curve: the probe was slowed.
+#: Two timings of one algorithm in a quiet phase differ by 10-15 % here; slow phases, 3-8x.
+STALE_FACTOR = 1.35
+CHECK_UNITS = 1024
+UNIT_BYTES = 1 << 16
+CHECK_BYTES = 1 << 21
 
 
 def repetitions(first: float, loop: float = LOOP_SECONDS, cap: int = 64) -> int:
@@ -100,11 +115,40 @@ def describe(ranks_here: int, cores: int, points: dict[str, dict[int, float]],
     """The model source's words for a probed entry (``explain`` prints them)."""
     sizes = sorted({n for pts in points.values() for n in pts})
     share = ranks_here / cores if cores else float("nan")
-    jobs = "the job" if runs == 1 else f"{runs} jobs (the minimum of their probes)"
-    text = (f"probed in {jobs}: all_reduce of {len(points)} algorithms at {len(sizes)} sizes "
+    times = "in the job" if runs == 1 else f"{runs} times (the minimum of the probes)"
+    text = (f"probed {times}: all_reduce of {len(points)} algorithms at {len(sizes)} sizes "
             f"({sizes[0] if sizes else 0} B to {(sizes[-1] if sizes else 0) >> 10} KiB) in "
             f"{seconds:.2f} s; {ranks_here} ranks on {cores} cores of this host "
             f"({share:.1f} per core)")
     if link is not None:
         text += f"; one step as measured by the ring: α {link.alpha * 1e6:.1f} us"
     return text
+
+
+def units(nbytes: int) -> int:
+    """What an all-reduce of ``nbytes`` counts toward the next check of the clock: 1 per call and
+    1 per 64 KiB (8-byte calls check every 1024 calls, 64 MiB ones every call: one 8-byte
+    agreement against a call of at least a few milliseconds either way)."""
+    return 1 + nbytes // UNIT_BYTES
+
+
+def check_size(points: dict[str, dict[int, float]]) -> int | None:
+    """The size a check re-times: the largest probed size up to :data:`CHECK_BYTES` (2 MiB: in
+    the bandwidth regime, where slow phases cost the shared-memory algorithms most, and a loop
+    of all its algorithms takes tens of milliseconds) at which at least two algorithms were
+    timed; None without one."""
+    counts: dict[int, int] = {}
+    for pts in points.values():
+        for n in pts:
+            counts[n] = counts.get(n, 0) + 1
+    fit = [n for n, k in counts.items() if k >= 2 and n <= CHECK_BYTES]
+    return max(fit) if fit else None
+
+
+def stale(points: dict[str, dict[int, float]], now: dict[str, float], nbytes: int,
+          factor: float = STALE_FACTOR) -> list[str]:
+    """The algorithms whose re-timed ``now`` (name -> seconds at ``nbytes``) is ``factor`` times
+    faster than ``points`` (the model's {algorithm: {nbytes: seconds}}) has them: where any is,
+    the probe ran slowed and is worth doing again."""
+    return sorted(a for a, t in now.items()
+                  if nbytes in points.get(a, {}) and t * factor < points[a][nbytes])

@@ -56,6 +56,10 @@ class GroupModel:
     #: How many jobs' probes the table's all-reduce curves already merge (0: none; a probe
     #: merges its own into them, :func:`commlib.tuning.probe.merge`).
     probed: int = 0
+    #: Seconds after the probe at which the job re-times part of it (rank 0's
+    #: ``COMMLIB_AUTOTUNE_RECHECK``; :func:`commlib.tuning.probe.stale`); empty where nothing is
+    #: probed.
+    recheck: tuple[float, ...] = ()
 
     def table_for(self, device: str) -> Table | None:
         return self.gpu if device == "cuda" else self.table
@@ -173,20 +177,22 @@ def local_model(engine, layout) -> GroupModel:
     unsure = known == -1 or 0 < known < RUNS
     budget = config.get("autotune") if unsure and engine.size > 1 and layout.host_count == 1 else 0.0
     return GroupModel(table, source, gpu_table() if "cuda" in engine.devices else None,
-                      budget or 0.0, key, max(known, 0) if budget else 0)
+                      budget or 0.0, key, max(known, 0) if budget else 0,
+                      config.get("autotune_recheck") if budget else ())
 
 
 def model_to_bytes(model: GroupModel) -> bytes:
     table = None if model.table is None else _table_json(model.table)
     return json.dumps({"table": table, "source": model.source, "probe": model.probe,
-                       "key": model.key, "probed": model.probed}).encode()
+                       "key": model.key, "probed": model.probed,
+                       "recheck": list(model.recheck)}).encode()
 
 
 def model_from_bytes(payload: bytes, devices) -> GroupModel:
     doc = json.loads(payload.decode())
     table = None if doc["table"] is None else _table_from_json(doc["table"])
     return GroupModel(table, doc["source"], gpu_table() if "cuda" in devices else None,
-                      doc["probe"], doc["key"], doc["probed"])
+                      doc["probe"], doc["key"], doc["probed"], tuple(doc["recheck"]))
 
 
 def eligible(res, call: Call) -> list[str]:
