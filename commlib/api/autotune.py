@@ -43,22 +43,21 @@ def autotune(group) -> None:
     model = group.model if group.backend is not None else None
     if model is None or not model.probe or model.table is None or group.size < 2:
         return
-    _probe(group, model.probe)
+    points = _probe(group, model.probe, _points(model) if model.probed else {})
     if model.recheck and group.model.probed < RUNS:
-        group.on_all_reduce = _Recheck(model.probe, model.recheck)
+        group.on_all_reduce = _Recheck(model.probe, model.recheck, points)
 
 
-def _probe(group, budget: float) -> None:
+def _probe(group, budget: float, previous: dict[str, dict[int, float]]
+           ) -> dict[str, dict[int, float]]:
     """Time the group's all-reduce algorithms for about ``budget`` seconds, merge the times into
-    the probes its model already holds, make the result its model (the choices and plans made
-    from the old one dropped) and save it (rank 0)."""
+    ``previous`` (earlier probes' points, agreed), make the result the group's model (the
+    choices and plans made from the old one dropped), save it (rank 0) and return its points."""
     model = group.model
     start = time.perf_counter()
-    points = _measure(group, budget)
+    points = merge(previous, _measure(group, budget))  # the minimum of all the probes
     seconds = time.perf_counter() - start
     runs = model.probed + 1
-    if model.probed:  # earlier probes, agreed with the model: the minimum of them all
-        points = merge(_points(model), points)
     base = model.table.link
     link = ring_link(points.get("ring", {}), group.size, base) or base
     cores = os.cpu_count() or 1
@@ -78,10 +77,12 @@ def _probe(group, budget: float) -> None:
         except OSError as exc:
             log.warning("commlib: could not save the probed entry %s in %s (%s); this job uses "
                         "it, the next one probes again", key, tuning_path(), exc)
+    return points
 
 
 def _points(model) -> dict[str, dict[int, float]]:
-    """The model's all-reduce curves as probe points: {algorithm: {nbytes: seconds}}."""
+    """The model's all-reduce curves as probe points: {algorithm: {nbytes: seconds}} (those of
+    two sizes or more: the table keeps no other)."""
     curves = model.table.curves.get("all_reduce", {})
     return {a: dict(zip(c.sizes, c.times)) for a, c in curves.items()}
 
@@ -91,12 +92,12 @@ class _Recheck:
     (``group.on_all_reduce``; why: :mod:`commlib.tuning.probe`). Every :data:`CHECK_UNITS` units
     of calls the ranks agree on the seconds since the probe (the slowest clock's); at each of
     ``times`` they re-time the algorithms of one size, and where one runs STALE_FACTOR times
-    faster than the model says, probe again with ``budget``. Ends after the last time or once
+    faster than the probes' ``points`` say, probe again with ``budget``. Ends after the last time or once
     RUNS probes are merged. Every rank takes the same path: the counts are of the same calls,
     the clock and the times are agreed."""
 
-    def __init__(self, budget: float, times):
-        self.budget, self.times = budget, list(times)
+    def __init__(self, budget: float, times, points: dict[str, dict[int, float]]):
+        self.budget, self.times, self.points = budget, list(times), points
         self.start = time.perf_counter()
         self.units = CHECK_UNITS
 
@@ -116,7 +117,7 @@ class _Recheck:
         if elapsed < self.times[0]:
             return True
         self.times.pop(0)
-        points = _points(group.model)
+        points = self.points  # as measured: a probe cut short after one size has no curves
         nbytes = check_size(points)
         if nbytes is None:
             return False
@@ -129,7 +130,7 @@ class _Recheck:
                  nbytes, f"{', '.join(faster)} now faster, probing again" if faster
                  else "as probed")
         if faster:
-            _probe(group, self.budget)
+            self.points = _probe(group, self.budget, points)
         return bool(self.times) and group.model.probed < RUNS
 
 
