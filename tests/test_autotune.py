@@ -9,7 +9,7 @@ import pytest
 from commlib.config import get
 from commlib.tuning.model import LinkCost
 from commlib.tuning.probe import (CHECK_UNITS, DROP_FACTOR, DROP_FROM, STALE_FACTOR,
-                                  check_size, describe, merge, repetitions, ring_link, stale,
+                                  check_plan, cut_short, describe, merge, repetitions, ring_link, stale,
                                   still_racing, units)
 from conftest import run_mpi
 
@@ -123,12 +123,19 @@ def test_autotune_off_keeps_the_nearest_entry(tmp_path):
     assert sorted(off["groups"]) == ["mpi/2"]
 
 
-def test_check_size_is_the_largest_raced_size_up_to_2_mib():
-    points = {"a": {8: 1.0, 1 << 21: 2.0, 1 << 24: 3.0}, "b": {8: 1.0, 1 << 21: 2.0, 1 << 24: 4.0},
-              "c": {8: 1.0, 1 << 18: 1.0}}
-    assert check_size(points) == 1 << 21          # 16 MiB is past the check size
-    assert check_size({"a": {8: 1.0, 1 << 18: 1.0}, "b": {8: 1.0}}) == 8  # 256 KiB: one algorithm
-    assert check_size({"a": {8: 1.0}}) is None
+def test_check_plan_retimes_the_contenders_at_every_raced_size():
+    points = {"a": {8: 1.0, 1 << 21: 2.0, 1 << 24: 3.0}, "b": {8: 1.0, 1 << 21: 2.0, 1 << 24: 9.5},
+              "c": {8: 3.5, 1 << 18: 1.0}}
+    # 8 B: c is more than DROP_FACTOR (3) behind; 256 KiB: one algorithm, nothing to choose;
+    # 16 MiB: b is out of the race
+    assert check_plan(points) == [(8, ["a", "b"]), (1 << 21, ["a", "b"]), (1 << 24, ["a"])]
+    assert check_plan({"a": {8: 1.0}}) == []
+
+
+def test_a_probe_that_never_reached_the_largest_size_was_cut_short():
+    assert cut_short({"a": {8: 1.0, 1024: 2.0}, "b": {8: 1.0}})
+    assert not cut_short({"a": {8: 1.0, 1 << 24: 2.0}, "b": {8: 1.0}})
+    assert cut_short({})
 
 
 def test_stale_names_the_algorithms_that_now_run_much_faster():
@@ -141,7 +148,7 @@ def test_stale_names_the_algorithms_that_now_run_much_faster():
 
 def test_units_count_calls_and_bytes():
     assert units(8) == 1 and units(1 << 16) == 2 and units(64 << 20) == 1025
-    assert CHECK_UNITS // units(4 << 20) == 15
+    assert CHECK_UNITS // (units(4 << 20) + units(4000)) == 15  # the recheck job's pair of calls
 
 
 def test_recheck_option_parses_increasing_seconds_and_off(monkeypatch):

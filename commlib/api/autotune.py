@@ -24,8 +24,8 @@ from ..algorithms.registry import Call
 from ..ops import ReduceOp
 from ..tuning.calibration import make_entry, put_entry, table_for, tuning_path
 from ..runtime.plans import forget
-from ..tuning.probe import (CHECK_UNITS, ROUNDS, RUNS, SIZES, check_size, describe, merge,
-                            repetitions, ring_link, stale, still_racing, units)
+from ..tuning.probe import (CHECK_UNITS, LOOP_SECONDS, ROUNDS, RUNS, SIZES, check_plan,
+                            cut_short, describe, merge, repetitions, ring_link, stale, still_racing, units)
 from ..tuning.selector import GroupModel, eligible
 from .collectives import all_reduce
 from .groups import GROUP_HOOKS
@@ -91,8 +91,8 @@ class _Recheck:
     """The job's checks of its probe, run by the group's all-reduce calls
     (``group.on_all_reduce``; why: :mod:`commlib.tuning.probe`). Every :data:`CHECK_UNITS` units
     of calls the ranks agree on the seconds since the probe (the slowest clock's); at each of
-    ``times`` they re-time the algorithms of one size, and where one runs STALE_FACTOR times
-    faster than the probes' ``points`` say, probe again with ``budget``. Ends after the last time or once
+    ``times`` they re-time, size by size, the algorithms the choice is between, and where one
+    runs STALE_FACTOR times faster than the probes' ``points`` say, probe again with ``budget``. Ends after the last time or once
     RUNS probes are merged. Every rank takes the same path: the counts are of the same calls,
     the clock and the times are agreed."""
 
@@ -118,18 +118,18 @@ class _Recheck:
             return True
         self.times.pop(0)
         points = self.points  # as measured: a probe cut short after one size has no curves
-        nbytes = check_size(points)
-        if nbytes is None:
-            return False
-        names = sorted(a for a, pts in points.items() if nbytes in pts)
-        buf = torch.zeros(nbytes // 4)
-        loops = [_loop(group, buf, a, repetitions(points[a][nbytes])) for a in names]
-        now = dict(zip(names, _agreed(group, loops)))
-        faster = stale(points, now, nbytes)
-        log.info("group %s: probe checked %.0f s after it at %d bytes: %s", group.name, elapsed,
-                 nbytes, f"{', '.join(faster)} now faster, probing again" if faster
-                 else "as probed")
-        if faster:
+        why = "the probes stopped before the largest size" if cut_short(points) else ""
+        for nbytes, names in [] if why else check_plan(points):
+            buf = torch.zeros(max(1, nbytes // 4))
+            loops = [_loop(group, buf, a, repetitions(points[a][nbytes], LOOP_SECONDS / 2))
+                     for a in names]
+            faster = stale(points, dict(zip(names, _agreed(group, loops))), nbytes)
+            if faster:
+                why = f"{', '.join(faster)} now faster at {nbytes} bytes"
+                break
+        log.info("group %s: probe checked %.0f s after it: %s", group.name, elapsed,
+                 f"{why}, probing again" if why else "as probed")
+        if why:
             self.points = _probe(group, self.budget, points)
         return bool(self.times) and group.model.probed < RUNS
 

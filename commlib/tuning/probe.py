@@ -26,9 +26,10 @@ one, 4.4 and 12.7 ms outside it). So an entry is probed again by the next jobs o
 :data:`RUNS` probes are merged, each point the minimum over them (:func:`merge`): noise on a
 shared host only ever adds time. And the job that probed does not keep a slow-phase probe for its
 whole length: at the times of ``COMMLIB_AUTOTUNE_RECHECK`` (15, 60 and 240 s after the probe by
-default) it times the algorithms of one size again (:func:`check_size`, one round), and where one
-of them now runs :data:`STALE_FACTOR` times faster than the model says (:func:`stale`: the probe
-fell in a slow phase, the check did not) it probes again and merges. A check that falls in a slow
+default) it times again, size by size, the algorithms the choice is between (:func:`check_plan`,
+one short loop each), and where one of them now runs :data:`STALE_FACTOR` times faster than the
+probes measured (:func:`stale`: a probe fell in a slow phase, the check did not), or where the
+probes never reached the largest size (:func:`cut_short`), it probes again and merges. A check that falls in a slow
 phase itself only finds everything slower, and leaves the model as it is. The checks ride on the
 group's all-reduce calls, one agreement of the clock every :data:`CHECK_UNITS` units
 (:func:`units`: a call, plus one per 64 KiB), so they cost the job at most a few tenths of a
@@ -46,7 +47,7 @@ from .model import LinkCost
 
 __all__ = ["SIZES", "ROUNDS", "LOOP_SECONDS", "DROP_FACTOR", "DROP_FROM", "RUNS", "STALE_FACTOR",
            "CHECK_UNITS", "repetitions", "still_racing", "merge", "ring_link", "describe",
-           "check_size", "stale", "units"]
+           "check_plan", "cut_short", "stale", "units"]
 
 #: All-reduce sizes timed (bytes of float32): the latency regime, the crossovers, the bandwidth
 #: regime. Curves interpolate between them in log-log space and extrapolate past 16 MiB.
@@ -61,7 +62,6 @@ RUNS = 3
 STALE_FACTOR = 1.35
 CHECK_UNITS = 1024
 UNIT_BYTES = 1 << 16
-CHECK_BYTES = 1 << 21
 
 
 def repetitions(first: float, loop: float = LOOP_SECONDS, cap: int = 64) -> int:
@@ -132,17 +132,27 @@ def units(nbytes: int) -> int:
     return 1 + nbytes // UNIT_BYTES
 
 
-def check_size(points: dict[str, dict[int, float]]) -> int | None:
-    """The size a check re-times: the largest probed size up to :data:`CHECK_BYTES` (2 MiB: in
-    the bandwidth regime, where slow phases cost the shared-memory algorithms most, and a loop
-    of all its algorithms takes tens of milliseconds) at which at least two algorithms were
-    timed; None without one."""
-    counts: dict[int, int] = {}
-    for pts in points.values():
-        for n in pts:
-            counts[n] = counts.get(n, 0) + 1
-    fit = [n for n, k in counts.items() if k >= 2 and n <= CHECK_BYTES]
-    return max(fit) if fit else None
+def check_plan(points: dict[str, dict[int, float]]) -> list[tuple[int, list[str]]]:
+    """What a check re-times: at every probed size where at least two algorithms were timed,
+    those within :data:`DROP_FACTOR` of the fastest there (the ones the choice is between), in
+    order of size. A probe can be slowed in any part of it: one slowed at 16 MiB only (the
+    two-shot's point 3x too high, MPI's right) chose MPI's there and was right at 2 MiB."""
+    sizes = sorted({n for pts in points.values() for n in pts})
+    plan = []
+    for n in sizes:
+        times = {a: pts[n] for a, pts in points.items() if n in pts}
+        if len(times) < 2:
+            continue
+        best = min(times.values())
+        plan.append((n, sorted(a for a, t in times.items() if t <= DROP_FACTOR * best)))
+    return plan
+
+
+def cut_short(points: dict[str, dict[int, float]]) -> bool:
+    """The probes stopped before the largest of :data:`SIZES` (their budget ran out: on a slowed
+    host, one probe timed only 8 B in its second), so the model prices the larger sizes by
+    formula and extrapolation, and no re-timing can compare them: worth probing again."""
+    return max((n for pts in points.values() for n in pts), default=0) < SIZES[-1]
 
 
 def stale(points: dict[str, dict[int, float]], now: dict[str, float], nbytes: int,

@@ -30,7 +30,7 @@ finally:
 world = commlib.get_world_group()
 before = world.model.source
 commlib.barrier()
-t = torch.empty(1 << 20)  # 4 MiB: a check of the clock every 8 pairs of calls
+t = torch.empty(1 << 20)  # 4 MiB: a check of the clock every 15 pairs of calls
 base = torch.arange(1 << 20, dtype=torch.float32)
 expected = world.size * base + sum(range(world.size))
 a = torch.empty(1000)
