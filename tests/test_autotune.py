@@ -130,9 +130,11 @@ def test_check_plan_retimes_the_contenders_at_every_raced_size():
     # 16 MiB: b is out of the race
     assert check_plan(points) == [(8, ["a", "b"]), (1 << 21, ["a", "b"]), (1 << 24, ["a"])]
     assert check_plan({"a": {8: 1.0}}) == []
+    # a probe cut short: every algorithm it timed
+    assert check_plan({"a": {8: 1.0}, "b": {8: 5.0}}, every=True) == [(8, ["a", "b"])]
 
 
-def test_a_probe_that_never_reached_the_largest_size_was_cut_short():
+def test_a_probe_that_never_reached_the_largest_size_is_cut_short():
     assert cut_short({"a": {8: 1.0, 1024: 2.0}, "b": {8: 1.0}})
     assert not cut_short({"a": {8: 1.0, 1 << 24: 2.0}, "b": {8: 1.0}})
     assert cut_short({})
@@ -152,7 +154,7 @@ def test_units_count_calls_and_bytes():
 
 
 def test_recheck_option_parses_increasing_seconds_and_off(monkeypatch):
-    assert get("autotune_recheck") == (15.0, 60.0, 240.0)
+    assert get("autotune_recheck") == (5.0, 60.0, 240.0)
     monkeypatch.setenv("COMMLIB_AUTOTUNE_RECHECK", "off")
     assert get("autotune_recheck") == ()
     monkeypatch.setenv("COMMLIB_AUTOTUNE_RECHECK", "0.5, 2")

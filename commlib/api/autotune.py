@@ -25,7 +25,8 @@ from ..ops import ReduceOp
 from ..tuning.calibration import make_entry, put_entry, table_for, tuning_path
 from ..runtime.plans import forget
 from ..tuning.probe import (CHECK_UNITS, LOOP_SECONDS, ROUNDS, RUNS, SIZES, check_plan,
-                            cut_short, describe, merge, repetitions, ring_link, stale, still_racing, units)
+                            cut_short, describe, merge, repetitions, ring_link, stale,
+                            still_racing, units)
 from ..tuning.selector import GroupModel, eligible
 from .collectives import all_reduce
 from .groups import GROUP_HOOKS
@@ -91,8 +92,9 @@ class _Recheck:
     """The job's checks of its probe, run by the group's all-reduce calls
     (``group.on_all_reduce``; why: :mod:`commlib.tuning.probe`). Every :data:`CHECK_UNITS` units
     of calls the ranks agree on the seconds since the probe (the slowest clock's); at each of
-    ``times`` they re-time, size by size, the algorithms the choice is between, and where one
-    runs STALE_FACTOR times faster than the probes' ``points`` say, probe again with ``budget``. Ends after the last time or once
+    ``times`` they re-time, size by size, the algorithms the choice is between (all that were
+    timed, where the probes were cut short), and where one runs STALE_FACTOR times faster than
+    the probes' ``points`` say, probe again with ``budget``. Ends after the last time or once
     RUNS probes are merged. Every rank takes the same path: the counts are of the same calls,
     the clock and the times are agreed."""
 
@@ -118,8 +120,8 @@ class _Recheck:
             return True
         self.times.pop(0)
         points = self.points  # as measured: a probe cut short after one size has no curves
-        why = "the probes stopped before the largest size" if cut_short(points) else ""
-        for nbytes, names in [] if why else check_plan(points):
+        why = ""
+        for nbytes, names in check_plan(points, every=cut_short(points)):
             buf = torch.zeros(max(1, nbytes // 4))
             loops = [_loop(group, buf, a, repetitions(points[a][nbytes], LOOP_SECONDS / 2))
                      for a in names]

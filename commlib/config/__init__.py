@@ -231,11 +231,11 @@ OPTIONS: dict[str, Option] = {
                "point-to-point step as the ranks see it when they outnumber the cores. `0` or "
                "`off`: never; the nearest calibrated size's link costs are used, as `explain` "
                "says. Described in docs/tuning.md, \"In-job calibration\"."),
-        Option("autotune_recheck", (15.0, 60.0, 240.0), _parse_recheck,
-               "Seconds after an in-job probe (`COMMLIB_AUTOTUNE`) at which the job times one "
-               "size's all-reduce algorithms again (comma-separated, increasing); where one runs "
-               "1.35x faster than the probe measured, the probe fell in a slow phase of the host "
-               "and the job probes again and merges. `off`: never. Described in docs/tuning.md, "
+        Option("autotune_recheck", (5.0, 60.0, 240.0), _parse_recheck,
+               "Seconds after an in-job probe (`COMMLIB_AUTOTUNE`) at which the job times its "
+               "all-reduce algorithms again, size by size (comma-separated, increasing); where "
+               "one runs 1.35x faster than the probes measured, a probe fell in a slow phase of "
+               "the host and the job probes again and merges. `off`: never. Described in docs/tuning.md, "
                "\"In-job calibration\"."),
         Option("cuda_aware_mpi", None, _parse_tristate,
                "Whether MPI may be given CUDA buffers: `1`, `0` or `auto` (default, asks "

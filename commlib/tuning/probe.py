@@ -25,11 +25,12 @@ engine's: a 16 MiB all-reduce on 4 ranks measured 13.5 ms for the two-shot and 1
 one, 4.4 and 12.7 ms outside it). So an entry is probed again by the next jobs of its shape until
 :data:`RUNS` probes are merged, each point the minimum over them (:func:`merge`): noise on a
 shared host only ever adds time. And the job that probed does not keep a slow-phase probe for its
-whole length: at the times of ``COMMLIB_AUTOTUNE_RECHECK`` (15, 60 and 240 s after the probe by
+whole length: at the times of ``COMMLIB_AUTOTUNE_RECHECK`` (5, 60 and 240 s after the probe by
 default) it times again, size by size, the algorithms the choice is between (:func:`check_plan`,
 one short loop each), and where one of them now runs :data:`STALE_FACTOR` times faster than the
-probes measured (:func:`stale`: a probe fell in a slow phase, the check did not), or where the
-probes never reached the largest size (:func:`cut_short`), it probes again and merges. A check that falls in a slow
+probes measured (:func:`stale`: a probe fell in a slow phase, the check did not; where the probes
+never reached the largest size, :func:`cut_short`, every algorithm they timed is re-timed) it
+probes again and merges. A check that falls in a slow
 phase itself only finds everything slower, and leaves the model as it is. The checks ride on the
 group's all-reduce calls, one agreement of the clock every :data:`CHECK_UNITS` units
 (:func:`units`: a call, plus one per 64 KiB), so they cost the job at most a few tenths of a
@@ -132,11 +133,14 @@ def units(nbytes: int) -> int:
     return 1 + nbytes // UNIT_BYTES
 
 
-def check_plan(points: dict[str, dict[int, float]]) -> list[tuple[int, list[str]]]:
+def check_plan(points: dict[str, dict[int, float]], every: bool = False
+               ) -> list[tuple[int, list[str]]]:
     """What a check re-times: at every probed size where at least two algorithms were timed,
-    those within :data:`DROP_FACTOR` of the fastest there (the ones the choice is between), in
-    order of size. A probe can be slowed in any part of it: one slowed at 16 MiB only (the
-    two-shot's point 3x too high, MPI's right) chose MPI's there and was right at 2 MiB."""
+    those within :data:`DROP_FACTOR` of the fastest there (the ones the choice is between; with
+    ``every``, all of them), in order of size. A probe can be slowed in any part of it: one
+    slowed at 16 MiB only (the two-shot's point 3x too high, MPI's right) chose MPI's there and
+    was right at 2 MiB. ``every`` is for probes :func:`cut_short`: on a crowded host the
+    shared-memory algorithms, which keep their cores, were slowed less than the others."""
     sizes = sorted({n for pts in points.values() for n in pts})
     plan = []
     for n in sizes:
@@ -144,14 +148,14 @@ def check_plan(points: dict[str, dict[int, float]]) -> list[tuple[int, list[str]
         if len(times) < 2:
             continue
         best = min(times.values())
-        plan.append((n, sorted(a for a, t in times.items() if t <= DROP_FACTOR * best)))
+        plan.append((n, sorted(a for a, t in times.items() if every or t <= DROP_FACTOR * best)))
     return plan
 
 
 def cut_short(points: dict[str, dict[int, float]]) -> bool:
-    """The probes stopped before the largest of :data:`SIZES` (their budget ran out: on a slowed
-    host, one probe timed only 8 B in its second), so the model prices the larger sizes by
-    formula and extrapolation, and no re-timing can compare them: worth probing again."""
+    """The probes stopped before the largest of :data:`SIZES` (their budget ran out: on a crowded
+    host one probe timed only 8 B in its second), so the model prices the larger sizes by formula
+    and extrapolation: a check that finds the host faster now probes again."""
     return max((n for pts in points.values() for n in pts), default=0) < SIZES[-1]
 
 
