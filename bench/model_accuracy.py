@@ -126,7 +126,9 @@ def worker(args) -> int:
                            "best_time": statistics.median(again[best]),
                            "ratio": statistics.median(a / b for a, b in zip(again["(auto)"], again[best]))}
             call = Call(coll, size)
-            predicted = {x.algorithm: x.seconds for x in predictions(call, p, group.resources, model)}
+            # the model in use now (the job's checks of its probe may have replaced the first)
+            predicted = {x.algorithm: x.seconds
+                         for x in predictions(call, p, group.resources, group.model)}
             formula = {x.algorithm: x.seconds for x in predictions(call, p, group.resources, formula_model)}
             picked = select(coll, size, group, None, coll).name
             rows.append({"p": p, "collective": coll, "size": size, "measured": measured,
