@@ -24,9 +24,9 @@ from ..algorithms.registry import Call
 from ..ops import ReduceOp
 from ..tuning.calibration import make_entry, put_entry, table_for, tuning_path
 from ..runtime.plans import forget
-from ..tuning.probe import (CHECK_UNITS, LOOP_SECONDS, ROUNDS, RUNS, SIZES, check_plan,
-                            cut_short, describe, merge, repetitions, ring_link, stale,
-                            still_racing, units)
+from ..tuning.probe import (CHECK_UNITS, DROP_FROM, LOOP_SECONDS, ROUNDS, RUNS, SIZES,
+                            check_plan, cut_short, describe, merge, repetitions, ring_link,
+                            stale, still_racing, units)
 from ..tuning.selector import GroupModel, eligible
 from .collectives import all_reduce
 from .groups import GROUP_HOOKS
@@ -123,9 +123,11 @@ class _Recheck:
         why = ""
         for nbytes, names in check_plan(points, every=cut_short(points)):
             buf = torch.zeros(max(1, nbytes // 4))
-            loops = [_loop(group, buf, a, repetitions(points[a][nbytes], LOOP_SECONDS / 2))
-                     for a in names]
-            faster = stale(points, dict(zip(names, _agreed(group, loops))), nbytes)
+            reps = [repetitions(points[a][nbytes], LOOP_SECONDS / 2) for a in names]
+            # short loops (latency-bound sizes, cheap) as the probe's: the median of its rounds,
+            # not one lucky loop against a median (8 B at 4 ranks: 1.35x "faster" by chance)
+            now = _rounds(group, buf, names, reps, ROUNDS if nbytes < DROP_FROM else 1)
+            faster = stale(points, now, nbytes)
             if faster:
                 why = f"{', '.join(faster)} now faster at {nbytes} bytes"
                 break
@@ -154,6 +156,14 @@ def _loop(group, buf, name: str, reps: int) -> float:
     return (time.perf_counter() - start) / reps
 
 
+def _rounds(group, buf, names: list[str], reps: list[int], rounds: int) -> dict[str, float]:
+    """{algorithm: seconds per call}: the median over ``rounds`` interleaved rounds of loops of
+    ``reps`` calls, each the slowest rank's."""
+    times = [_agreed(group, [_loop(group, buf, a, r) for a, r in zip(names, reps)])
+             for _ in range(rounds)]
+    return {a: statistics.median(col) for a, col in zip(names, zip(*times))}
+
+
 def _measure(group, budget: float) -> dict[str, dict[int, float]]:
     """{algorithm: {nbytes: seconds}}: the medians over rounds of the slowest rank's time per
     call, size by size, until the agreed time spent passes ``budget``."""
@@ -168,9 +178,7 @@ def _measure(group, budget: float) -> dict[str, dict[int, float]]:
         buf = torch.zeros(max(1, nbytes // 4))  # zeros: sums of zeros stay finite
         first = _agreed(group, [_loop(group, buf, a, 1) for a in names])  # warm-up, agreed
         reps = [repetitions(t) for t in first]
-        rounds = [_agreed(group, [_loop(group, buf, a, r) for a, r in zip(names, reps)])
-                  for _ in range(ROUNDS)]
-        times = {a: statistics.median(col) for a, col in zip(names, zip(*rounds))}
+        times = _rounds(group, buf, names, reps, ROUNDS)
         for a, t in times.items():
             points.setdefault(a, {})[nbytes] = t
         # every loop is its calls and one untimed call before them
