@@ -26,12 +26,12 @@ one, 4.4 and 12.7 ms outside it). So an entry is probed again by the next jobs o
 :data:`RUNS` probes are merged, each point the minimum over them (:func:`merge`): noise on a
 shared host only ever adds time. And the job that probed does not keep a slow-phase probe for its
 whole length: at the times of ``COMMLIB_AUTOTUNE_RECHECK`` (5, 60 and 240 s after the probe by
-default) it times again, size by size, the algorithms the choice is between (:func:`check_plan`,
-one short loop each), and where one of them now runs :data:`STALE_FACTOR` times faster than the
-probes measured (:func:`stale`: a probe fell in a slow phase, the check did not; where the probes
-never reached the largest size, :func:`cut_short`, every algorithm they timed is re-timed) it
-probes again and merges. A check that falls in a slow
-phase itself only finds everything slower, and leaves the model as it is. The checks ride on the
+default) it times again, size by size, the algorithms the choice is between (:func:`check_plan`;
+the latency-bound sizes in rounds, as the probe, the others in one short loop), and where one of
+them now runs :data:`STALE_FACTOR` times faster than the probes measured (:func:`stale`: a probe
+fell in a slow phase, the check did not; where the probes never reached the largest size,
+:func:`cut_short`, every algorithm they timed is re-timed) it probes again and merges. A check
+that falls in a slow phase itself only finds everything slower, and leaves the model as it is. The checks ride on the
 group's all-reduce calls, one agreement of the clock every :data:`CHECK_UNITS` units
 (:func:`units`: a call, plus one per 64 KiB), so they cost the job at most a few tenths of a
 percent and every rank runs them at the same call.
