@@ -9,8 +9,8 @@ import pytest
 from commlib.config import get
 from commlib.tuning.model import LinkCost
 from commlib.tuning.probe import (CHECK_UNITS, DROP_FACTOR, DROP_FROM, STALE_FACTOR,
-                                  check_plan, cut_short, describe, merge, repetitions, ring_link, stale,
-                                  still_racing, units)
+                                  check_plan, cut_short, describe, merge, repetitions, ring_link,
+                                  stale, still_racing, units)
 from conftest import run_mpi
 
 

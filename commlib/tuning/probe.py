@@ -31,10 +31,10 @@ the latency-bound sizes in rounds, as the probe, the others in one short loop), 
 them now runs :data:`STALE_FACTOR` times faster than the probes measured (:func:`stale`: a probe
 fell in a slow phase, the check did not; where the probes never reached the largest size,
 :func:`cut_short`, every algorithm they timed is re-timed) it probes again and merges. A check
-that falls in a slow phase itself only finds everything slower, and leaves the model as it is. The checks ride on the
-group's all-reduce calls, one agreement of the clock every :data:`CHECK_UNITS` units
-(:func:`units`: a call, plus one per 64 KiB), so they cost the job at most a few tenths of a
-percent and every rank runs them at the same call.
+that falls in a slow phase itself only finds everything slower, and leaves the model as it is.
+The checks ride on the group's all-reduce calls, one agreement of the clock every
+:data:`CHECK_UNITS` units (:func:`units`: a call, plus one per 64 KiB), so they cost the job at
+most a few tenths of a percent and every rank runs them at the same call.
 
 An algorithm already more than :data:`DROP_FACTOR` times slower than the best at a size in the
 bandwidth regime (from :data:`DROP_FROM` bytes) is not timed at larger sizes (its curve is then
@@ -48,7 +48,7 @@ from .model import LinkCost
 
 __all__ = ["SIZES", "ROUNDS", "LOOP_SECONDS", "DROP_FACTOR", "DROP_FROM", "RUNS", "STALE_FACTOR",
            "CHECK_UNITS", "repetitions", "still_racing", "merge", "ring_link", "describe",
-           "check_plan", "cut_short", "stale", "units"]
+           "sizes_of", "check_plan", "cut_short", "stale", "units"]
 
 #: All-reduce sizes timed (bytes of float32): the latency regime, the crossovers, the bandwidth
 #: regime. Curves interpolate between them in log-log space and extrapolate past 16 MiB.
@@ -111,10 +111,16 @@ def ring_link(ring: dict[int, float], p: int, base: LinkCost) -> LinkCost | None
     return LinkCost(alpha, beta, base.gamma, None, base.busy)
 
 
+def sizes_of(points: dict[str, dict[int, float]]) -> list[int]:
+    """Every size at which ``points`` ({algorithm: {nbytes: seconds}}) timed some algorithm, in
+    order."""
+    return sorted({n for pts in points.values() for n in pts})
+
+
 def describe(ranks_here: int, cores: int, points: dict[str, dict[int, float]],
              seconds: float, link: LinkCost | None, runs: int = 1) -> str:
     """The model source's words for a probed entry (``explain`` prints them)."""
-    sizes = sorted({n for pts in points.values() for n in pts})
+    sizes = sizes_of(points)
     share = ranks_here / cores if cores else float("nan")
     times = "in the job" if runs == 1 else f"{runs} times (the minimum of the probes)"
     text = (f"probed {times}: all_reduce of {len(points)} algorithms at {len(sizes)} sizes "
@@ -141,9 +147,8 @@ def check_plan(points: dict[str, dict[int, float]], every: bool = False
     slowed at 16 MiB only (the two-shot's point 3x too high, MPI's right) chose MPI's there and
     was right at 2 MiB. ``every`` is for probes :func:`cut_short`: on a crowded host the
     shared-memory algorithms, which keep their cores, were slowed less than the others."""
-    sizes = sorted({n for pts in points.values() for n in pts})
     plan = []
-    for n in sizes:
+    for n in sizes_of(points):
         times = {a: pts[n] for a, pts in points.items() if n in pts}
         if len(times) < 2:
             continue
@@ -156,7 +161,7 @@ def cut_short(points: dict[str, dict[int, float]]) -> bool:
     """The probes stopped before the largest of :data:`SIZES` (their budget ran out: on a crowded
     host one probe timed only 8 B in its second), so the model prices the larger sizes by formula
     and extrapolation: a check that finds the host faster now probes again."""
-    return max((n for pts in points.values() for n in pts), default=0) < SIZES[-1]
+    return max(sizes_of(points), default=0) < SIZES[-1]
 
 
 def stale(points: dict[str, dict[int, float]], now: dict[str, float], nbytes: int,

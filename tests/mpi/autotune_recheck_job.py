@@ -1,7 +1,8 @@
 """A job whose probe runs slowed and whose check finds it out (tests/test_autotune.py): rank 0
 starts CPU hogs (busy processes, two per core) before ``commlib.init``, so the probe times every
 algorithm on a crowded host, and stops them after; the job's all-reduces then reach the check
-(``COMMLIB_AUTOTUNE_RECHECK``), which times one size again, finds it faster and probes again.
+(``COMMLIB_AUTOTUNE_RECHECK``), which times the probed sizes again, finds the host faster and
+probes again.
 Every all-reduce is checked against its definition, across the model's change (a planned call on
 the same tensor before and after it). Prints, on rank 0, what the test asserts."""
 
