@@ -282,15 +282,22 @@ class _AnySourceWork(_Work):
 # ----- data parallelism -------------------------------------------------------------------
 def ddp_bucket_mb(model: torch.nn.Module, process_group=None) -> float:
     """The ``bucket_cap_mb`` to give ``DistributedDataParallel(model, process_group=...)`` on the
-    commlib backend: the smallest all-reduce at 90% of the group's bandwidth in its cost model
-    (:func:`commlib.tuning.bucket_sizes`, which also says why), at most half the gradients.
-    Local: no communication. ``bucket_sizes(...)[1]`` is the first bucket it would choose."""
+    commlib backend. Where the group's collectives can overlap the backward pass (a progress
+    thread serves it: across hosts, or a host with a core free), the smallest all-reduce at 90%
+    of the group's bandwidth in its cost model (:func:`commlib.tuning.bucket_sizes`, which also
+    says why), at most half the gradients. Where they cannot (one host whose cores all compute:
+    the process group runs each collective in the call), and for one rank, every gradient in
+    one bucket beside DDP's first: each bucket is then a point where every rank waits for the
+    slowest, and nothing is gained by issuing early (docs/torch-backend-bench.md).
+    Local: no communication."""
     pg = process_group if process_group is not None else dist.group.WORLD
     if not isinstance(pg, ProcessGroupCommlib):
         raise CommArgumentError(
             f"ddp_bucket_mb: process_group {pg!r} is not a commlib process group. Fix: "
             f"init_process_group('commlib'), or pass a group made by new_group on it.")
     grads = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    if pg.group.size == 1 or lane_of(pg.group) is None:
+        return max(grads, 1) / (1 << 20)
     dtype = next((p.dtype for p in model.parameters() if p.requires_grad), torch.float32)
     bucket, _, _ = bucket_sizes(pg.group, grads, dtype)
     return bucket / (1 << 20)

@@ -20,7 +20,7 @@ from test_torch_backend import run_torch
 PG_CASES = ROOT / "tests" / "torch_dist" / "pg_cases.py"
 CASES = ["case_backend_is_commlib", "case_collectives", "case_async_and_futures",
          "case_point_to_point", "case_groups_and_device_mesh", "case_ddp_matches_gloo",
-         "case_fsdp2_matches_dense", "case_dtensor_redistribute"]
+         "case_ddp_bucket_mb", "case_fsdp2_matches_dense", "case_dtensor_redistribute"]
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
@@ -36,7 +36,8 @@ def test_torch_clients_on_each_path(progress):
     """Both ways the process group runs a collective, at 2 ranks: ``thread`` issues every one
     asynchronously (the futures completed by the progress thread, as across hosts), ``wait``
     runs them blocking in the call (as on one host with no free core, the default here)."""
-    cases = ["case_collectives", "case_async_and_futures", "case_ddp_matches_gloo"]
+    cases = ["case_collectives", "case_async_and_futures", "case_ddp_matches_gloo",
+             "case_ddp_bucket_mb"]
     out = run_torch(2, cases, script=PG_CASES, COMMLIB_PROGRESS=progress)
     for case in cases:
         assert f"ok {case} (world size 2)" in out, out

@@ -211,6 +211,37 @@ def case_ddp_matches_gloo():
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 
+def case_ddp_bucket_mb():
+    """``ddp_bucket_mb``: every gradient in one bucket where the group's collectives run in the
+    call (one host, no core free for a progress thread: ``COMMLIB_PROGRESS=auto`` with as many
+    ranks as cores, or ``wait``) and for one rank, else a cap from the cost model within its bounds (64 KiB to
+    half the gradients); DDP takes either; a gloo group is refused, naming the argument."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from commlib.errors import CommArgumentError
+
+    r, n = world()
+    torch.manual_seed(3)
+    module = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 256))
+    grads = 2 * (256 * 256 + 256) * 4  # bytes of float32 gradients, counted by hand
+    mb = commlib.torch_backend.ddp_bucket_mb(module)
+    mode = os.environ.get("COMMLIB_PROGRESS", "auto")
+    overlaps = n > 1 and (mode == "thread" or (mode == "auto" and n < os.cpu_count()))
+    if overlaps:
+        assert (1 << 16) <= mb * (1 << 20) <= max(grads // 2, 1 << 16), (mode, n, mb)
+    else:
+        assert mb * (1 << 20) == grads, (mode, n, mb)
+    model = DDP(module, bucket_cap_mb=mb)
+    model(torch.ones(4, 256)).sum().backward()
+    gloo = dist.new_group(backend="gloo")
+    try:
+        commlib.torch_backend.ddp_bucket_mb(module, gloo)
+    except CommArgumentError as exc:
+        assert "process_group" in str(exc) and "init_process_group('commlib')" in str(exc), exc
+    else:
+        raise AssertionError("ddp_bucket_mb took a gloo group")
+
+
 def case_fsdp2_matches_dense():
     """FSDP2 (fully_shard) on CPU: parameters after some steps equal one process training the
     same model on the whole batch (float32, 1e-5)."""
