@@ -214,8 +214,9 @@ def case_ddp_matches_gloo():
 def case_ddp_bucket_mb():
     """``ddp_bucket_mb``: every gradient in one bucket where the group's collectives run in the
     call (one host, no core free for a progress thread: ``COMMLIB_PROGRESS=auto`` with as many
-    ranks as cores, or ``wait``) and for one rank, else a cap from the cost model within its bounds (64 KiB to
-    half the gradients); DDP takes either; a gloo group is refused, naming the argument."""
+    ranks as cores, or ``wait``) and for one rank; else a cap from the cost model within its
+    bounds (64 KiB to half the gradients). DDP takes either; a gloo group is refused, naming
+    the argument."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from commlib.errors import CommArgumentError
