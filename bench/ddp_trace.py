@@ -1,0 +1,142 @@
+"""Where a DDP step's communication goes: per bucket, when DDP issued its all-reduce and when it
+completed, against the backward pass, on the "commlib" backend and on gloo with the same buckets.
+
+    vcluster mpirun -n 2 -ppn 1 -- python bench/ddp_trace.py --models transformer
+    mpiexec -n 2 .venv/bin/python bench/ddp_trace.py --models mlp --mlp-batch 1
+
+bench/ddp.py gives the share of the communication a step did not pay for (``hidden``); this says
+why the rest was paid. Each configuration trains its own copy of the model (bench/ddp.py's models
+and data) under DDP with ``bucket_cap_mb`` from ``commlib.torch_backend.ddp_bucket_mb`` (or
+``--bucket-cap-mb``) and a communication hook that is torch's default all-reduce
+(``default_hooks.allreduce_hook``: divide, all-reduce SUM) with a clock around it; ``compute`` is
+the same model without DDP. Per step (the slowest rank's, the median of ``--steps``):
+
+* ``backward``: from the backward's start to its last bucket's issue (DDP) or to its end (compute):
+  the backward's own work; DDP's minus compute's is what the communication took from it (the
+  cores the network's or the copies' work took, DDP's own copies);
+* ``tail``: from the last bucket's issue to the end of the backward (DDP waits for every bucket):
+  the communication left when the gradients were all ready;
+* ``overlapped``: the share of the buckets' all-reduce time (issue to done, summed) that fell
+  before the last bucket's issue, while the backward was still computing;
+* ``step``: the whole step, ``zero_grad`` to the optimizer's update.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import commlib.torch_backend
+from _harness import rank0_out
+from ddp import MODELS, add_model_args, start
+
+COMM = MPI.COMM_WORLD
+
+
+class Traced:
+    """A copy of the model under DDP on ``group`` whose hook records (bytes, issued, done)."""
+
+    def __init__(self, name: str, model, group, cap: float | None):
+        self.name, self.model, self.group = name, model, group
+        self.module = copy.deepcopy(model.module)
+        self.ddp = cap is not None
+        self.net = DDP(self.module, process_group=group, bucket_cap_mb=cap) if self.ddp \
+            else self.module
+        self.events: list[tuple[int, float, float]] = []
+        if self.ddp:
+            self.net.register_comm_hook(None, self._hook)
+        self.opt = torch.optim.SGD(self.module.parameters(), lr=1e-3)
+
+    def _hook(self, state, bucket):
+        issued = time.perf_counter()
+        nbytes = bucket.buffer().numel() * bucket.buffer().element_size()
+        group = self.group if self.group is not None else dist.group.WORLD
+        fut = default_hooks.allreduce_hook(group, bucket)
+
+        def done(f):
+            self.events.append((nbytes, issued, time.perf_counter()))
+            return f.value()
+        return fut.then(done)
+
+    def step(self) -> dict:
+        self.events.clear()
+        t0 = time.perf_counter()
+        self.opt.zero_grad(set_to_none=False)
+        loss = torch.nn.functional.mse_loss(self.net(self.model.x), self.model.y)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        self.opt.step()
+        t3 = time.perf_counter()
+        row = {"step": t3 - t0, "backward": t2 - t1, "tail": 0.0, "overlapped": None,
+               "buckets": len(self.events)}
+        if self.events:
+            last = max(e[1] for e in self.events)
+            comm = sum(d - i for _, i, d in self.events)
+            before = sum(max(0.0, min(d, last) - i) for _, i, d in self.events)
+            row.update(backward=last - t1, tail=t2 - last, overlapped=before / comm)
+        return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default="transformer", help="comma-separated: mlp, transformer")
+    add_model_args(ap)
+    ap.add_argument("--bucket-cap-mb", type=float, default=None,
+                    help="DDP's bucket_cap_mb (default: commlib.torch_backend.ddp_bucket_mb)")
+    ap.add_argument("--steps", type=int, default=9, help="traced steps per configuration")
+    args = ap.parse_args(argv)
+    names = [m.strip() for m in args.models.split(",") if m.strip()]
+    if not names or any(m not in MODELS for m in names) or args.steps < 1:
+        if COMM.rank == 0:
+            print(f"bench/ddp_trace.py: --models takes {', '.join(MODELS)} (got "
+                  f"{args.models!r}); --steps must be >= 1", file=sys.stderr)
+        return 2
+    gloo = start(args)
+    out = rank0_out(dist.get_rank())
+    hosts = len(set(COMM.allgather(MPI.Get_processor_name())))
+    out(f"# bench/ddp_trace.py: {COMM.size} ranks on {hosts} host(s); slowest rank, median of "
+        f"{args.steps} steps; ms")
+    for m in names:
+        model = MODELS[m](args, dist.get_rank())
+        cap = (args.bucket_cap_mb if args.bucket_cap_mb is not None
+               else commlib.torch_backend.ddp_bucket_mb(model.module))
+        cfgs = [Traced("commlib", model, None, cap), Traced("gloo", model, gloo, cap),
+                Traced("compute", model, None, None)]
+        out(f"# {m}: {model.what}; {model.grad_bytes / 2**20:.1f} MiB of gradients; "
+            f"bucket_cap_mb {cap:.3g}")
+        out(f"# {'config':>8} | {'step':>7} | {'backward':>8} | {'tail':>6} | {'overlapped':>10} | "
+            f"buckets")
+        for c in cfgs:
+            for _ in range(4):  # warm-up: DDP rebuilds its buckets at its third step
+                c.step()
+            rows = []
+            for _ in range(args.steps):
+                COMM.Barrier()
+                rows.append(c.step())
+            # the slowest rank's value of each step, then the median over steps
+            keys = ("step", "backward", "tail")
+            med = {k: statistics.median(COMM.allreduce(r[k], op=MPI.MAX) for r in rows)
+                   for k in keys}
+            over = [r["overlapped"] for r in rows if r["overlapped"] is not None]
+            share = statistics.median(COMM.allgather(statistics.median(over))) if over else None
+            out(f"  {c.name:>8} | {med['step'] * 1e3:7.1f} | {med['backward'] * 1e3:8.1f} | "
+                f"{med['tail'] * 1e3:6.1f} | "
+                f"{'-' if share is None else f'{100 * share:.0f}%':>10} | {rows[-1]['buckets']}")
+    COMM.Barrier()
+    dist.destroy_process_group()
+    commlib.finalize()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
