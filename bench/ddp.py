@@ -27,8 +27,9 @@ A step is ``zero_grad``, forward, an MSE loss, backward and an SGD update. Each 
 ``--steps`` steps of every configuration back to back (after one untimed step of the same one),
 the order rotating every round and reversed every other cycle, so the host's noise falls on all
 alike; before each round the ranks wait out the host's slow phases (``bench/_quiet.py``), other
-work on the cores (:class:`CpuGate`) and phases that slow copies (:class:`CopyGate`). Times are the slowest rank's, per step, the median
-over rounds; ``gloo/this`` is the median over rounds of each round's ratio.
+work on the cores (:class:`CpuGate`) and phases that slow copies (:class:`CopyGate`). Times are
+the slowest rank's, per step, the median over rounds; ``gloo/this`` is the median over rounds of
+each round's ratio.
 
 ``comm alone``: the all-reduces DDP issues in one step, without compute: one blocking
 ``all_reduce`` per bucket of the sizes DDP built (read from DDP after its bucket rebuild), on the

@@ -39,3 +39,21 @@ def test_ddp_bench_runs_and_checks(tmp_path):
                 # DDP's rebuilt buckets hold every gradient once (bytes, float32)
                 assert sum(r["buckets"]) == 4 * model["params"], r
                 assert len(r["comm_rounds_s"]) == 2 and r["comm_alone_s"] > 0, r
+
+
+def test_ddp_trace_reports_each_configuration():
+    """bench/ddp_trace.py at 2 ranks on a tiny model: a row per configuration whose times are
+    consistent (the backward and the tail fit in the step), DDP rows with buckets and an
+    overlapped share, the compute row with neither."""
+    tiny = TINY[:TINY.index("--rounds")]  # the models' options; the trace has no rounds
+    proc = bench(2, "ddp_trace", "--models", "mlp,transformer", *tiny, "--steps", "2")
+    rows = [line.split("|") for line in proc.stdout.splitlines()
+            if line.strip().split(" ")[0] in ("commlib", "gloo", "compute")]
+    assert [r[0].strip() for r in rows] == ["commlib", "gloo", "compute"] * 2, proc.stdout
+    for name, step, backward, tail, overlapped, buckets in ([c.strip() for c in r] for r in rows):
+        step, backward, tail = float(step), float(backward), float(tail)
+        assert 0 < backward and 0 <= tail and backward + tail <= step, (name, proc.stdout)
+        if name == "compute":
+            assert overlapped == "-" and buckets == "0" and tail == 0, proc.stdout
+        else:
+            assert 0 <= int(overlapped.rstrip("%")) <= 100 and int(buckets) >= 1, proc.stdout
