@@ -207,7 +207,33 @@ def wrong_elements(a: torch.nn.Module, b: torch.nn.Module) -> int:
 
 
 # ----- one model ----------------------------------------------------------------------------
-class CpuGate:
+class Gate:
+    """Before a round, every rank times :meth:`canary` (collective: the slowest rank's) and all
+    wait while it runs more than ``slack`` times the fastest seen, up to ``patience`` seconds
+    (``patience`` 0: no gate)."""
+
+    def __init__(self, patience: float, slack: float):
+        self.patience, self.slack = patience, slack
+        self.best, self.waited, self.gave_up = float("inf"), 0.0, 0
+
+    def canary(self) -> float:
+        raise NotImplementedError
+
+    def wait(self) -> None:
+        if self.patience <= 0:
+            return
+
+        def quiet() -> bool:
+            c = self.canary()
+            self.best = min(self.best, c)
+            return c <= self.slack * self.best
+
+        waited, gave_up = wait_until(quiet, self.patience)
+        self.waited += waited
+        self.gave_up += gave_up
+
+
+class CpuGate(Gate):
     """Waits, before a round, while the cores are busy with other work: every rank times a loop
     of matmuls at once (a few ms: longer than the scheduler's time slice; the fastest of 3, the
     slowest rank's) and all wait while it runs more than ``slack`` times the fastest seen, up to
@@ -216,10 +242,9 @@ class CpuGate:
     (measured: whole rounds 1.8-2.2x slower, compute alone too, with the canaries passing)."""
 
     def __init__(self, patience: float, slack: float = 1.25):
+        super().__init__(patience, slack)
         g = torch.Generator().manual_seed(3)
         self.a, self.b = torch.randn(256, 256, generator=g), torch.randn(256, 256, generator=g)
-        self.patience, self.slack = patience, slack
-        self.best, self.waited, self.gave_up = float("inf"), 0.0, 0
         # More ranks than cores on one machine (network namespaces, as the vcluster's hosts, share
         # its cores and boot id): the canary would time the job's own ranks taking turns (4 ranks
         # on 2 cores: 11-23 ms for 7 ms of work, no quiet phase to wait for). No gate then.
@@ -237,19 +262,6 @@ class CpuGate:
                 torch.mm(self.a, self.b)
         return min(timed_slowest(run, COMM) for _ in range(3))
 
-    def wait(self) -> None:
-        if self.patience <= 0:
-            return
-
-        def free() -> bool:
-            c = self.canary()
-            self.best = min(self.best, c)
-            return c <= self.slack * self.best
-
-        waited, gave_up = wait_until(free, self.patience)
-        self.waited += waited
-        self.gave_up += gave_up
-
     def summary(self) -> str:
         if self.off:
             return f"# busy cores: not checked ({self.off})"
@@ -260,7 +272,7 @@ class CpuGate:
                 f"{self.gave_up} round(s)")
 
 
-class CopyGate:
+class CopyGate(Gate):
     """Waits, before a round, out the host's phases that slow copies between the ranks: every rank
     times commlib's all-reduce of 32 MiB (the fastest of 3 loops of 2, the slowest rank's) and all
     wait while it runs more than ``slack`` times the fastest seen, up to ``patience`` seconds.
@@ -269,30 +281,16 @@ class CopyGate:
     45-52 ms against 15-17) beside compute at its speed."""
 
     def __init__(self, patience: float, hosts: int, slack: float = 1.35):
-        self.buf = torch.ones(8 << 20)
-        # across hosts the canary would time the shaped link (0.6 s a loop at 1 Gb/s)
-        self.patience = patience if hosts == 1 else 0
-        self.slack, self.hosts = slack, hosts
-        self.best, self.waited, self.gave_up = float("inf"), 0.0, 0
+        # across hosts the canary would time the shaped link (0.6 s a loop at 1 Gb/s); one rank
+        # copies nothing
+        super().__init__(patience if hosts == 1 and COMM.size > 1 else 0, slack)
+        self.buf, self.hosts = torch.ones(8 << 20), hosts
 
     def canary(self) -> float:
         def run():
             for _ in range(2):
                 commlib.all_reduce(self.buf)
         return min(timed_slowest(run, COMM) for _ in range(3))
-
-    def wait(self) -> None:
-        if self.patience <= 0 or COMM.size < 2:
-            return
-
-        def quiet() -> bool:
-            c = self.canary()
-            self.best = min(self.best, c)
-            return c <= self.slack * self.best
-
-        waited, gave_up = wait_until(quiet, self.patience)
-        self.waited += waited
-        self.gave_up += gave_up
 
     def summary(self) -> str:
         if self.hosts > 1:
