@@ -9,7 +9,9 @@ why the rest was paid. Each configuration trains its own copy of the model (benc
 and data) under DDP with ``bucket_cap_mb`` from ``commlib.torch_backend.ddp_bucket_mb`` (or
 ``--bucket-cap-mb``) and a communication hook that is torch's default all-reduce
 (``default_hooks.allreduce_hook``: divide, all-reduce SUM) with a clock around it; ``compute`` is
-the same model without DDP. Per step (the slowest rank's, the median of ``--steps``):
+the same model without DDP; ``--int8`` adds ``int8``, commlib's compressed hook
+(``commlib.compress.ddp_hook("int8", algorithm="compressed")``, on its own thread where the group
+allows: across hosts). Per step (the slowest rank's, the median of ``--steps``):
 
 * ``backward``: from the backward's start to its last bucket's issue (DDP) or to its end (compute):
   the backward's own work; DDP's minus compute's is what the communication took from it (the
@@ -35,6 +37,7 @@ from mpi4py import MPI
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import commlib.compress
 import commlib.torch_backend
 from _harness import rank0_out
 from ddp import MODELS, add_model_args, start
@@ -43,10 +46,13 @@ COMM = MPI.COMM_WORLD
 
 
 class Traced:
-    """A copy of the model under DDP on ``group`` whose hook records (bytes, issued, done)."""
+    """A copy of the model under DDP on ``group`` whose hook (``inner``, a ``(state, hook)`` pair;
+    default torch's all-reduce hook) records (bytes, issued, done)."""
 
-    def __init__(self, name: str, model, group, cap: float | None):
+    def __init__(self, name: str, model, group, cap: float | None, inner=None):
         self.name, self.model, self.group = name, model, group
+        self.inner = inner or (group if group is not None else dist.group.WORLD,
+                               default_hooks.allreduce_hook)
         self.module = copy.deepcopy(model.module)
         self.ddp = cap is not None
         self.net = DDP(self.module, process_group=group, bucket_cap_mb=cap) if self.ddp \
@@ -59,8 +65,7 @@ class Traced:
     def _hook(self, state, bucket):
         issued = time.perf_counter()
         nbytes = bucket.buffer().numel() * bucket.buffer().element_size()
-        group = self.group if self.group is not None else dist.group.WORLD
-        fut = default_hooks.allreduce_hook(group, bucket)
+        fut = self.inner[1](self.inner[0], bucket)
 
         def done(f):
             self.events.append((nbytes, issued, time.perf_counter()))
@@ -94,6 +99,9 @@ def main(argv=None) -> int:
     ap.add_argument("--bucket-cap-mb", type=float, default=None,
                     help="DDP's bucket_cap_mb (default: commlib.torch_backend.ddp_bucket_mb)")
     ap.add_argument("--steps", type=int, default=9, help="traced steps per configuration")
+    ap.add_argument("--int8", action="store_true",
+                    help="also a row 'int8': commlib.compress.ddp_hook('int8', "
+                         "algorithm='compressed'), overlapped where the group allows")
     args = ap.parse_args(argv)
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     if not names or any(m not in MODELS for m in names) or args.steps < 1:
@@ -112,6 +120,9 @@ def main(argv=None) -> int:
                else commlib.torch_backend.ddp_bucket_mb(model.module))
         cfgs = [Traced("commlib", model, None, cap), Traced("gloo", model, gloo, cap),
                 Traced("compute", model, None, None)]
+        if args.int8:
+            int8 = commlib.compress.ddp_hook("int8", algorithm="compressed")
+            cfgs.insert(1, Traced("int8", model, None, cap, int8))
         out(f"# {m}: {model.what}; {model.grad_bytes / 2**20:.1f} MiB of gradients; "
             f"bucket_cap_mb {cap:.3g}")
         out(f"# {'config':>8} | {'step':>7} | {'backward':>8} | {'tail':>6} | {'overlapped':>10} | "

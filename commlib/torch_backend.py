@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 from datetime import timedelta
 from functools import partial
 
@@ -35,6 +34,7 @@ import torch.distributed as dist
 
 from .api import collectives as _c
 from .api import p2p as _p2p
+from .api.entry import fail_future
 from .api.groups import (
     detect_backend,
     get_world_group,
@@ -108,20 +108,9 @@ class _Work(dist._Work):
 
 
 def _fail(work, future) -> None:
-    """A future's operation failed. Under ``timeout_mode="raise"`` the future raises commlib's
-    typed error. Under ``"abort"`` (the default) the process ends with that error printed, as a
-    blocking collective's timeout ends the job: torch's C++ consumers of futures (DDP's reducer)
-    cannot take an exception raised in Python (measured: the waiting process crashed), and a
-    future nobody completes would leave the rank waiting for ever."""
-    exc = work.exception()
-    if _state.timeout_mode == "raise":
-        future.set_exception(exc)
-        return
-    sys.stderr.write(f"commlib: {type(exc).__name__}: {exc}\ncommlib: the operation of a torch "
-                     f"future failed; ending this process (timeout_mode 'abort'; set "
-                     f"COMMLIB_TIMEOUT_MODE=raise for the future to raise instead)\n")
-    sys.stderr.flush()
-    get_world_group().backend.abort(1)
+    """A future's operation failed: :func:`commlib.api.entry.fail_future` (raise or end the
+    process, per ``COMMLIB_TIMEOUT_MODE``)."""
+    fail_future(work.exception(), future)
 
 
 class ProcessGroupCommlib(dist.ProcessGroup):

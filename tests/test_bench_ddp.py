@@ -42,14 +42,15 @@ def test_ddp_bench_runs_and_checks(tmp_path):
 
 
 def test_ddp_trace_reports_each_configuration():
-    """bench/ddp_trace.py at 2 ranks on a tiny model: a row per configuration whose times are
-    consistent (the backward and the tail fit in the step), DDP rows with buckets and an
-    overlapped share, the compute row with neither."""
+    """bench/ddp_trace.py at 2 ranks on tiny models: a row per configuration (commlib's
+    compressed hook too) whose times are consistent (the backward and the tail fit in the step),
+    DDP rows with buckets and an overlapped share, the compute row with neither."""
     tiny = TINY[:TINY.index("--rounds")]  # the models' options; the trace has no rounds
-    proc = bench(2, "ddp_trace", "--models", "mlp,transformer", *tiny, "--steps", "2")
+    proc = bench(2, "ddp_trace", "--models", "mlp,transformer", *tiny, "--steps", "2", "--int8")
+    names = ["commlib", "int8", "gloo", "compute"]
     rows = [line.split("|") for line in proc.stdout.splitlines()
-            if line.strip().split(" ")[0] in ("commlib", "gloo", "compute")]
-    assert [r[0].strip() for r in rows] == ["commlib", "gloo", "compute"] * 2, proc.stdout
+            if line.strip().split(" ")[0] in names]
+    assert [r[0].strip() for r in rows] == names * 2, proc.stdout
     for name, step, backward, tail, overlapped, buckets in ([c.strip() for c in r] for r in rows):
         step, backward, tail = float(step), float(backward), float(tail)
         assert 0 < backward and 0 <= tail and backward + tail <= step, (name, proc.stdout)

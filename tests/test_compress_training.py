@@ -15,7 +15,7 @@ from test_torch_backend import run_torch
 
 CASES = ["case_tp_functions_against_dense", "case_mlp_against_dense",
          "case_row_parallel_compress", "case_parallel_mlp_compress", "case_pipeline_activations",
-         "case_ddp_hook_buckets", "case_errors"]
+         "case_ddp_hook_buckets", "case_ddp_hook_overlap", "case_errors"]
 
 
 @pytest.mark.timeout(150)

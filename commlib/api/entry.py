@@ -6,13 +6,15 @@ raise on every rank instead of waiting in a ring for a peer that never comes."""
 from __future__ import annotations
 
 import contextlib
+import sys
 
 from ..errors import CommError
 from ..runtime import debug
+from ..runtime.group import state
 from ..runtime.mismatch import describe
-from .groups import resolve_group
+from .groups import get_world_group, resolve_group
 
-__all__ = ["checked_call", "DeferredWork"]
+__all__ = ["checked_call", "DeferredWork", "fail_future"]
 
 
 @contextlib.contextmanager
@@ -48,3 +50,19 @@ class DeferredWork:
 
     def is_completed(self) -> bool:
         return self._done
+
+
+def fail_future(exc: BaseException, future) -> None:
+    """The operation behind a torch future failed with ``exc``. Under ``timeout_mode="raise"`` the
+    future raises it. Under ``"abort"`` (the default) the process ends with it printed, as a
+    blocking collective's timeout ends the job: torch's C++ consumers of futures (DDP's reducer)
+    cannot take an exception raised in Python (measured: the waiting process crashed), and a
+    future nobody completes would leave the rank waiting for ever."""
+    if state.timeout_mode == "raise":
+        future.set_exception(exc)
+        return
+    sys.stderr.write(f"commlib: {type(exc).__name__}: {exc}\ncommlib: the operation of a torch "
+                     f"future failed; ending this process (timeout_mode 'abort'; set "
+                     f"COMMLIB_TIMEOUT_MODE=raise for the future to raise instead)\n")
+    sys.stderr.flush()
+    get_world_group().backend.abort(1)

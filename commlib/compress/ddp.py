@@ -4,13 +4,17 @@ gradient bucket with :func:`commlib.compress.all_reduce` (with error feedback by
     ddp = DistributedDataParallel(model)                 # gloo or NCCL, any torch.distributed group
     ddp.register_comm_hook(*commlib.compress.ddp_hook("int8"))
 
-**Synchronous.** The hook runs the compressed all-reduce to the end and returns a completed
-future. DDP calls a bucket's hook from inside the backward pass as soon as the bucket's gradients
-are ready, so the backward of the remaining layers waits for each bucket's reduction: there is no
-overlap of communication with computation (DDP's default hook posts an asynchronous all-reduce
-and overlaps). commlib's staged work finishes on the thread that waits for it, and DDP waits for
-the future in C++ after the backward, so an asynchronous hook would need its own thread running
-collectives beside the backward's: not done.
+**Overlap.** DDP calls a bucket's hook from inside the backward pass as soon as the bucket's
+gradients are ready. Where the group's collectives can overlap compute (a progress thread serves
+it: ranks on several hosts, or a host with a core free; ``overlap="auto"``, or ``True``), the hook
+hands the bucket to one thread of its own, which runs the buckets' compressed all-reduces one
+after another in the order DDP gave them (so every rank issues the group's collectives in one
+order), and returns a future that thread completes: the backward of the remaining layers runs
+meanwhile, as with DDP's default hook. Elsewhere (one host whose cores all compute, or
+``overlap=False``) the hook runs the all-reduce to the end and returns a completed future: a
+thread there could only take its time from the backward. A failure in the thread ends the
+process with the error printed, or makes the future raise under ``COMMLIB_TIMEOUT_MODE=raise``
+(:func:`commlib.api.entry.fail_future`: DDP's reducer cannot take a Python exception).
 
 **Error feedback** keeps one :class:`~commlib.compress.ErrorFeedback` per bucket index. DDP builds
 its buckets in reverse parameter order, then rebuilds them once after the first iteration in the
@@ -26,13 +30,17 @@ must hold the same ranks as DDP's ``process_group``.
 
 from __future__ import annotations
 
+import queue
+import threading
 from typing import Callable
 
 import torch
 
+from commlib.api.entry import fail_future
 from commlib.api.groups import resolve_group
 from commlib.errors import CommTypeError, arg_error
 from commlib.ops import ReduceOp
+from commlib.runtime.progress import lane_of
 
 from .codec import Codec, as_codec
 from .collectives import _algorithm, all_reduce
@@ -45,17 +53,31 @@ class DDPHookState:
     """What :func:`compressed_allreduce_hook` carries across calls.
 
     ``codec``, ``group``, ``algorithm``: those of the all-reduce. ``error_feedback``: whether
-    residuals are kept. ``calls``: buckets reduced so far (a check that DDP runs the hook).
-    ``resets``: residuals started afresh because a bucket index changed layout (DDP's rebuild
-    after the first iteration).
+    residuals are kept. ``overlap``: whether the all-reduces run on the state's own thread.
+    ``calls``: buckets handed to the hook so far (a check that DDP runs it). ``resets``:
+    residuals started afresh because a bucket index changed layout (DDP's rebuild after the
+    first iteration).
     """
 
-    def __init__(self, codec: Codec, error_feedback: bool, group, algorithm: str):
+    def __init__(self, codec: Codec, error_feedback: bool, group, algorithm: str,
+                 overlap: bool = False):
         self.codec, self.error_feedback = codec, error_feedback
-        self.group, self.algorithm = group, algorithm
+        self.group, self.algorithm, self.overlap = group, algorithm, overlap
         self.calls = self.resets = 0
         self._feedback: dict[int, ErrorFeedback] = {}
         self._layout: dict[int, tuple] = {}
+        self._worker: _Worker | None = None
+
+    def submit(self, run: Callable[[], torch.Tensor]):
+        """A future of ``run()``: run here and complete, or queued on the state's thread."""
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        if not self.overlap:
+            fut.set_result(run())
+            return fut
+        if self._worker is None:
+            self._worker = _Worker()
+        self._worker.tasks.put((run, fut))
+        return fut
 
     def feedback(self, bucket) -> ErrorFeedback | None:
         """The bucket index's residuals, fresh if its layout changed (None without feedback)."""
@@ -71,25 +93,45 @@ class DDPHookState:
         return self._feedback[index]
 
 
+class _Worker:
+    """The thread that runs one hook state's all-reduces, in the order the hook queued them."""
+
+    def __init__(self):
+        self.tasks: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="commlib-ddp-hook", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            run, fut = self.tasks.get()
+            try:
+                result = run()
+            except BaseException as exc:  # noqa: BLE001 - every failure must reach the future
+                fail_future(exc, fut)
+                continue
+            fut.set_result(result)
+
+
 # ``bucket`` and the result are not annotated: DDP's register_comm_hook compares those
 # annotations with the classes dist.GradBucket and torch.futures.Future[torch.Tensor], and this
 # module's annotations are strings.
 def compressed_allreduce_hook(state: DDPHookState, bucket):
     """Average ``bucket`` (a ``torch.distributed.GradBucket``)'s flat gradient buffer over
-    ``state.group`` in place with :func:`commlib.compress.all_reduce`; return a completed
-    ``torch.futures.Future[torch.Tensor]`` holding it."""
-    buf = bucket.buffer()
-    all_reduce(buf, codec=state.codec, op=ReduceOp.AVG, group=state.group,
-               error_feedback=state.feedback(bucket), algorithm=state.algorithm,
-               key=bucket.index())
+    ``state.group`` in place with :func:`commlib.compress.all_reduce`; return a
+    ``torch.futures.Future[torch.Tensor]`` holding it: completed, or completed by the state's
+    thread under ``state.overlap``."""
+    buf, feedback, index = bucket.buffer(), state.feedback(bucket), bucket.index()
+
+    def run() -> torch.Tensor:
+        all_reduce(buf, codec=state.codec, op=ReduceOp.AVG, group=state.group,
+                   error_feedback=feedback, algorithm=state.algorithm, key=index)
+        return buf
+
     state.calls += 1
-    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    fut.set_result(buf)
-    return fut
+    return state.submit(run)
 
 
-def ddp_hook(codec, *, error_feedback: bool = True, group=None,
-             algorithm: str = "auto") -> tuple[DDPHookState, Callable]:
+def ddp_hook(codec, *, error_feedback: bool = True, group=None, algorithm: str = "auto",
+             overlap="auto") -> tuple[DDPHookState, Callable]:
     """``(state, hook)`` for ``DistributedDataParallel.register_comm_hook(state, hook)``: each
     gradient bucket averaged with :func:`commlib.compress.all_reduce` (``op=AVG``), as DDP's
     default hook averages it exactly.
@@ -103,6 +145,10 @@ def ddp_hook(codec, *, error_feedback: bool = True, group=None,
         algorithm: :func:`commlib.compress.all_reduce`'s; ``"auto"`` runs the exact all-reduce
             where compression does not pay (on one host: always), ``"compressed"`` forces the
             codec.
+        overlap: ``"auto"`` (default): run the all-reduces on a thread of the hook's own, behind
+            the backward pass, where a progress thread serves the group (ranks on several
+            hosts, or a host with a core free), else in the hook; ``True`` or ``False`` force it
+            (module docstring).
 
     Collective: every rank of the group calls it (the world group is initialized on first use).
 
@@ -118,5 +164,12 @@ def ddp_hook(codec, *, error_feedback: bool = True, group=None,
         raise arg_error(fn, "error_feedback", error_feedback, "must be True or False",
                         "pass error_feedback=True (residuals per bucket) or False", CommTypeError)
     algorithm = _algorithm(fn, algorithm)
-    resolve_group(group, fn)
-    return DDPHookState(c, error_feedback, group, algorithm), compressed_allreduce_hook
+    if not (isinstance(overlap, bool) or overlap == "auto"):
+        raise arg_error(fn, "overlap", overlap, "must be True, False or 'auto'",
+                        "pass overlap='auto' (a thread where the group's collectives can "
+                        "overlap compute), True or False")
+    g = resolve_group(group, fn)
+    if overlap == "auto":
+        overlap = g.size > 1 and lane_of(g) is not None
+    return (DDPHookState(c, error_feedback, group, algorithm, overlap),
+            compressed_allreduce_hook)

@@ -434,6 +434,40 @@ def case_ddp_hook_buckets():
                  kind=commlib.CommTypeError)
 
 
+def case_ddp_hook_overlap():
+    """The hook on its own thread (``overlap=True``) gives, bucket after bucket, the same bits as
+    the hook run in the call, error feedback and the layout change included; its futures hold the
+    bucket's buffer; ``"auto"`` overlaps only where a thread could (a core free on this host);
+    ``overlap`` takes True, False or "auto"."""
+    from commlib.topology.affinity import host_cpu_count
+
+    rank, p = world()
+    in_call, hook = cc.ddp_hook("int8", algorithm="compressed", overlap=False)
+    threaded, _ = cc.ddp_hook("int8", algorithm="compressed", overlap=True)
+    assert not in_call.overlap and threaded.overlap
+    params_a, params_b = [torch.zeros(100)], [torch.zeros(40), torch.zeros(20)]
+    params_c = [torch.zeros(30)]  # bucket 1's layout stays
+    steps = [(100, params_a), (100, params_a), (60, params_b), (60, params_b)]
+    for step, (n, params) in enumerate(steps):
+        x = data(rank, n, seed=70 + step)
+        a, b = x.clone(), x.clone()
+        hook(in_call, FakeBucket(0, a, params)).wait()
+        futures = [hook(threaded, FakeBucket(0, b, params))]
+        # a second bucket queued behind the first: the thread runs them in order
+        c = data(rank, 30, seed=90 + step)
+        futures.append(hook(threaded, FakeBucket(1, c.clone(), params_c)))
+        got = [f.wait() for f in futures]  # before the next collective in this thread
+        assert got[0].data_ptr() == b.data_ptr()
+        assert torch.equal(a, b), (step, (a - b).abs().max())
+        expect = c.clone()
+        hook(in_call, FakeBucket(1, expect, params_c)).wait()
+        assert torch.equal(got[1], expect), step
+    assert threaded.calls == in_call.calls == 8 and threaded.resets == in_call.resets == 1
+    auto, _ = cc.ddp_hook("int8")
+    assert auto.overlap == (p < host_cpu_count()), (auto.overlap, p, host_cpu_count())
+    expect_error(lambda: cc.ddp_hook("int8", overlap=1), "overlap", "Fix:")
+
+
 STEPS, BATCH = 200, 32
 
 
@@ -483,6 +517,10 @@ def case_ddp_int8_error_feedback():
         _, compressed = _train((state, hook))
     wire = tr.by_kind.get("compress.wire", 0)
     assert state.calls >= STEPS and wire > 0, (state.calls, tr.by_kind)
+    # the same training with the hook's all-reduces on its own thread: the same bits
+    threaded = cc.ddp_hook("int8", error_feedback=True, algorithm="compressed", overlap=True)
+    _, overlapped = _train(threaded)
+    assert overlapped == compressed, (overlapped, compressed)
     rel = abs(compressed - exact) / exact
     if rank == 0:
         print(f"ddp losses after {STEPS} steps ({p} ranks): start {before:.6f}, exact {exact:.6f}, "
