@@ -11,7 +11,7 @@ and data) under DDP with ``bucket_cap_mb`` from ``commlib.torch_backend.ddp_buck
 (``default_hooks.allreduce_hook``: divide, all-reduce SUM) with a clock around it; ``compute`` is
 the same model without DDP; ``--int8`` adds ``int8``, commlib's compressed hook
 (``commlib.compress.ddp_hook("int8", algorithm="compressed")``, on its own thread where the group
-allows: across hosts). Per step (the slowest rank's, the median of ``--steps``):
+allows: across hosts) and ``int8-call``, the same run in the hook (``overlap=False``). Per step (the slowest rank's, the median of ``--steps``):
 
 * ``backward``: from the backward's start to its last bucket's issue (DDP) or to its end (compute):
   the backward's own work; DDP's minus compute's is what the communication took from it (the
@@ -19,7 +19,9 @@ allows: across hosts). Per step (the slowest rank's, the median of ``--steps``):
 * ``tail``: from the last bucket's issue to the end of the backward (DDP waits for every bucket):
   the communication left when the gradients were all ready;
 * ``overlapped``: the share of the buckets' all-reduce time (issue to done, summed) that fell
-  before the last bucket's issue, while the backward was still computing;
+  before the last bucket's issue, while the backward was still computing (for a hook that
+  completes in the call, ``int8-call`` and every row on one host with no core free, the backward
+  waited meanwhile: there it is not time hidden);
 * ``step``: the whole step, ``zero_grad`` to the optimizer's update.
 """
 
@@ -100,8 +102,9 @@ def main(argv=None) -> int:
                     help="DDP's bucket_cap_mb (default: commlib.torch_backend.ddp_bucket_mb)")
     ap.add_argument("--steps", type=int, default=9, help="traced steps per configuration")
     ap.add_argument("--int8", action="store_true",
-                    help="also a row 'int8': commlib.compress.ddp_hook('int8', "
-                         "algorithm='compressed'), overlapped where the group allows")
+                    help="also rows 'int8' (commlib.compress.ddp_hook('int8', "
+                         "algorithm='compressed'), overlapped where the group allows) and "
+                         "'int8-call' (the same with overlap=False)")
     args = ap.parse_args(argv)
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     if not names or any(m not in MODELS for m in names) or args.steps < 1:
@@ -120,12 +123,14 @@ def main(argv=None) -> int:
                else commlib.torch_backend.ddp_bucket_mb(model.module))
         cfgs = [Traced("commlib", model, None, cap), Traced("gloo", model, gloo, cap),
                 Traced("compute", model, None, None)]
-        if args.int8:
-            int8 = commlib.compress.ddp_hook("int8", algorithm="compressed")
-            cfgs.insert(1, Traced("int8", model, None, cap, int8))
+        if args.int8:  # on the hook's thread where the group allows, and in the call
+            cfgs[1:1] = [Traced(name, model, None, cap,
+                                commlib.compress.ddp_hook("int8", algorithm="compressed",
+                                                          overlap=overlap))
+                         for name, overlap in (("int8", "auto"), ("int8-call", False))]
         out(f"# {m}: {model.what}; {model.grad_bytes / 2**20:.1f} MiB of gradients; "
             f"bucket_cap_mb {cap:.3g}")
-        out(f"# {'config':>8} | {'step':>7} | {'backward':>8} | {'tail':>6} | {'overlapped':>10} | "
+        out(f"# {'config':>9} | {'step':>7} | {'backward':>8} | {'tail':>6} | {'overlapped':>10} | "
             f"buckets")
         for c in cfgs:
             for _ in range(4):  # warm-up: DDP rebuilds its buckets at its third step
@@ -140,7 +145,7 @@ def main(argv=None) -> int:
                    for k in keys}
             over = [r["overlapped"] for r in rows if r["overlapped"] is not None]
             share = statistics.median(COMM.allgather(statistics.median(over))) if over else None
-            out(f"  {c.name:>8} | {med['step'] * 1e3:7.1f} | {med['backward'] * 1e3:8.1f} | "
+            out(f"  {c.name:>9} | {med['step'] * 1e3:7.1f} | {med['backward'] * 1e3:8.1f} | "
                 f"{med['tail'] * 1e3:6.1f} | "
                 f"{'-' if share is None else f'{100 * share:.0f}%':>10} | {rows[-1]['buckets']}")
     COMM.Barrier()

@@ -47,7 +47,7 @@ def test_ddp_trace_reports_each_configuration():
     DDP rows with buckets and an overlapped share, the compute row with neither."""
     tiny = TINY[:TINY.index("--rounds")]  # the models' options; the trace has no rounds
     proc = bench(2, "ddp_trace", "--models", "mlp,transformer", *tiny, "--steps", "2", "--int8")
-    names = ["commlib", "int8", "gloo", "compute"]
+    names = ["commlib", "int8", "int8-call", "gloo", "compute"]
     rows = [line.split("|") for line in proc.stdout.splitlines()
             if line.strip().split(" ")[0] in names]
     assert [r[0].strip() for r in rows] == names * 2, proc.stdout

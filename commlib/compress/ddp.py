@@ -5,16 +5,20 @@ gradient bucket with :func:`commlib.compress.all_reduce` (with error feedback by
     ddp.register_comm_hook(*commlib.compress.ddp_hook("int8"))
 
 **Overlap.** DDP calls a bucket's hook from inside the backward pass as soon as the bucket's
-gradients are ready. Where the group's collectives can overlap compute (a progress thread serves
-it: ranks on several hosts, or a host with a core free; ``overlap="auto"``, or ``True``), the hook
-hands the bucket to one thread of its own, which runs the buckets' compressed all-reduces one
-after another in the order DDP gave them (so every rank issues the group's collectives in one
-order), and returns a future that thread completes: the backward of the remaining layers runs
-meanwhile, as with DDP's default hook. Elsewhere (one host whose cores all compute, or
-``overlap=False``) the hook runs the all-reduce to the end and returns a completed future: a
-thread there could only take its time from the backward. A failure in the thread ends the
-process with the error printed, or makes the future raise under ``COMMLIB_TIMEOUT_MODE=raise``
-(:func:`commlib.api.entry.fail_future`: DDP's reducer cannot take a Python exception).
+gradients are ready. By default (``overlap=False``) the hook runs the all-reduce to the end and
+returns a completed future, so the rest of the backward waits for it. With ``overlap=True``, or
+``"auto"`` where the group's collectives can overlap compute (a progress thread serves it: ranks
+on several hosts, or a host with a core free), the hook hands the bucket to one thread of its
+own, which runs the buckets' compressed all-reduces one after another in the order DDP gave them
+(so every rank issues the group's collectives in one order), and returns a future that thread
+completes: the backward of the remaining layers runs meanwhile, as with DDP's default hook. The
+caller must then issue no other collective on the hook's group until DDP has the futures (the
+end of the backward): the two threads' collectives would meet in different orders on different
+ranks. Measured on the multi-host cluster of this machine (two hosts sharing 2 cores), the
+thread gained nothing: the codec and the network's work run on the cores that compute
+(docs/compression.md). A failure in the thread ends the process with the error printed, or makes
+the future raise under ``COMMLIB_TIMEOUT_MODE=raise`` (:func:`commlib.api.entry.fail_future`:
+DDP's reducer cannot take a Python exception).
 
 **Error feedback** keeps one :class:`~commlib.compress.ErrorFeedback` per bucket index. DDP builds
 its buckets in reverse parameter order, then rebuilds them once after the first iteration in the
@@ -131,7 +135,7 @@ def compressed_allreduce_hook(state: DDPHookState, bucket):
 
 
 def ddp_hook(codec, *, error_feedback: bool = True, group=None, algorithm: str = "auto",
-             overlap="auto") -> tuple[DDPHookState, Callable]:
+             overlap=False) -> tuple[DDPHookState, Callable]:
     """``(state, hook)`` for ``DistributedDataParallel.register_comm_hook(state, hook)``: each
     gradient bucket averaged with :func:`commlib.compress.all_reduce` (``op=AVG``), as DDP's
     default hook averages it exactly.
@@ -145,10 +149,10 @@ def ddp_hook(codec, *, error_feedback: bool = True, group=None, algorithm: str =
         algorithm: :func:`commlib.compress.all_reduce`'s; ``"auto"`` runs the exact all-reduce
             where compression does not pay (on one host: always), ``"compressed"`` forces the
             codec.
-        overlap: ``"auto"`` (default): run the all-reduces on a thread of the hook's own, behind
-            the backward pass, where a progress thread serves the group (ranks on several
-            hosts, or a host with a core free), else in the hook; ``True`` or ``False`` force it
-            (module docstring).
+        overlap: ``False`` (default): each all-reduce runs in the hook. ``True``: on a thread
+            of the hook's own, behind the backward pass. ``"auto"``: on the thread where a
+            progress thread serves the group (ranks on several hosts, or a host with a core
+            free), else in the hook (module docstring).
 
     Collective: every rank of the group calls it (the world group is initialized on first use).
 
@@ -166,8 +170,8 @@ def ddp_hook(codec, *, error_feedback: bool = True, group=None, algorithm: str =
     algorithm = _algorithm(fn, algorithm)
     if not (isinstance(overlap, bool) or overlap == "auto"):
         raise arg_error(fn, "overlap", overlap, "must be True, False or 'auto'",
-                        "pass overlap='auto' (a thread where the group's collectives can "
-                        "overlap compute), True or False")
+                        "pass overlap=False (in the hook), True (on the hook's thread) or "
+                        "'auto' (the thread where the group's collectives can overlap compute)")
     g = resolve_group(group, fn)
     if overlap == "auto":
         overlap = g.size > 1 and lane_of(g) is not None
