@@ -96,7 +96,7 @@ class _Work(dist._Work):
                 if future.done():
                     return
                 if work.exception() is not None:
-                    _fail(work, future)
+                    fail_future(work.exception(), future)
                     return
                 left[0] -= 1
                 if left[0] == 0:
@@ -105,12 +105,6 @@ class _Work(dist._Work):
             for w in self._works:
                 w.add_done_callback(done)
         return self._future
-
-
-def _fail(work, future) -> None:
-    """A future's operation failed: :func:`commlib.api.entry.fail_future` (raise or end the
-    process, per ``COMMLIB_TIMEOUT_MODE``)."""
-    fail_future(work.exception(), future)
 
 
 class ProcessGroupCommlib(dist.ProcessGroup):
