@@ -438,7 +438,8 @@ def case_ddp_hook_overlap():
     """The hook on its own thread (``overlap=True``) gives, bucket after bucket, the same bits as
     the hook run in the call, error feedback and the layout change included; its futures hold the
     bucket's buffer; ``"auto"`` overlaps only where a thread could (a core free on this host);
-    ``overlap`` takes True, False or "auto"."""
+    ``overlap`` takes True, False or "auto" (default False); a failure on the thread reaches the
+    future and the thread goes on."""
     from commlib.topology.affinity import host_cpu_count
 
     rank, p = world()
@@ -463,9 +464,24 @@ def case_ddp_hook_overlap():
         hook(in_call, FakeBucket(1, expect, params_c)).wait()
         assert torch.equal(got[1], expect), step
     assert threaded.calls == in_call.calls == 8 and threaded.resets == in_call.resets == 1
-    auto, _ = cc.ddp_hook("int8")
+    auto, _ = cc.ddp_hook("int8", overlap="auto")
     assert auto.overlap == (p < host_cpu_count()), (auto.overlap, p, host_cpu_count())
+    assert not cc.ddp_hook("int8")[0].overlap  # the default: in the call
     expect_error(lambda: cc.ddp_hook("int8", overlap=1), "overlap", "Fix:")
+    # a failure on the thread reaches the future (under COMMLIB_TIMEOUT_MODE=raise; the default
+    # ends the process, as the torch backend's futures do), and the thread serves the next one
+    from commlib.runtime.group import state as runtime_state
+    mode, runtime_state.timeout_mode = runtime_state.timeout_mode, "raise"
+    try:
+        ints = torch.ones(8, dtype=torch.int64)
+        bad = hook(threaded, FakeBucket(2, ints, [ints]))
+        expect_error(bad.wait, "tensor", "int64", kind=commlib.CommTypeError)
+    finally:
+        runtime_state.timeout_mode = mode
+    x = data(rank, 30, seed=99)
+    a, b = x.clone(), x.clone()
+    hook(in_call, FakeBucket(1, a, params_c)).wait()
+    assert torch.equal(hook(threaded, FakeBucket(1, b, params_c)).wait(), a)
 
 
 STEPS, BATCH = 200, 32
