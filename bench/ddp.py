@@ -20,6 +20,9 @@ its own fixed batch) in the same processes. Configurations, per model:
 * ``commlib-avg``: ``commlib``'s with commlib's communication hook
   (``commlib.torch_backend.allreduce_avg_hook``: one all-reduce with ``ReduceOp.AVG``, divided
   while reducing, instead of DDP's own division of every bucket);
+* ``mpi``: ``commlib``'s with a hook whose all-reduce is commlib's with ``algorithm="native"``:
+  MPI's own ``Allreduce`` through commlib's path (:func:`native_hook`), a reference like gloo
+  (the goal lines judge the ``commlib`` rows);
 * ``gloo``: ``DDP(model, process_group=gloo_group)``, default buckets;
 * ``compute``: the same model without DDP, no communication: the reference.
 
@@ -58,6 +61,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import commlib
 import commlib.torch_backend
+from commlib.runtime.progress import lane_of
 from commlib.topology.affinity import host_cpu_count
 from _harness import rank0_out, timed_slowest, write_json
 from _quiet import quiet_for, quiet_summary, wait_until
@@ -67,7 +71,7 @@ COMM = MPI.COMM_WORLD
 GOAL_SPEEDUP = 1.5    # issue 21: gloo / commlib step time, one host, communication-heavy model
 GOAL_HIDDEN = 0.6     # across hosts: share of the gradient all-reduces hidden behind backward
 RTOL = 1e-5           # parameters of every DDP copy against gloo's after the same steps
-DDP_ROWS = ("commlib", "commlib-tuned", "commlib-avg", "gloo")
+DDP_ROWS = ("commlib", "commlib-tuned", "commlib-avg", "mpi", "gloo")
 ROWS = DDP_ROWS + ("compute",)
 
 
@@ -134,8 +138,8 @@ class Config:
     """One row: a copy of the model, how a step runs it, and the bucket sizes it all-reduces."""
 
     def __init__(self, name: str, model: Model, group=None, bucket_cap_mb=None, ddp=True,
-                 bucket_view=False, hook=None):
-        self.name, self.model, self.group = name, model, group
+                 bucket_view=False, hook=None, algorithm=None):
+        self.name, self.model, self.group, self.algorithm = name, model, group, algorithm
         self.module = copy.deepcopy(model.module)
         self.net = (DDP(self.module, process_group=group, bucket_cap_mb=bucket_cap_mb,
                         gradient_as_bucket_view=bucket_view) if ddp else self.module)
@@ -170,14 +174,42 @@ class Config:
         self.bufs = [torch.ones(n // 4) for n in self.buckets]
 
     def comm_alone(self, k: int):
-        """``k`` times: one blocking all_reduce per bucket, on this configuration's group."""
-        group = self.group
+        """``k`` times: one blocking all_reduce per bucket, on this configuration's group (or
+        commlib's with the configuration's algorithm)."""
+        group, algorithm = self.group, self.algorithm
 
         def run():
             for _ in range(k):
                 for b in self.bufs:
-                    dist.all_reduce(b, group=group)
+                    if algorithm is None:
+                        dist.all_reduce(b, group=group)
+                    else:
+                        commlib.all_reduce(b, algorithm=algorithm)
         return run
+
+
+def native_hook(_, bucket):
+    """A DDP communication hook: DDP's default (divide by the world size, all-reduce SUM), the
+    all-reduce being commlib's with ``algorithm="native"``: the engine's own (MPI's ``Allreduce``
+    under mpiexec) through commlib's path. Run as the process group runs it: blocking in the
+    call where no progress thread serves the world group, else asynchronously, the future
+    completed by the operation's done-callback."""
+    buf = bucket.buffer().div_(dist.get_world_size())
+    fut: torch.futures.Future = torch.futures.Future()
+    world = commlib.get_world_group()
+    if lane_of(world) is None:
+        commlib.all_reduce(buf, algorithm="native")
+        fut.set_result(buf)
+        return fut
+    work = commlib.all_reduce(buf, algorithm="native", async_op=True)
+
+    def done(w):
+        if w.exception() is not None:
+            fut.set_exception(w.exception())
+        else:
+            fut.set_result(buf)
+    work.add_done_callback(done)
+    return fut
 
 
 def configs_for(model: Model, gloo, bucket_view: bool = False) -> tuple[list[Config], str]:
@@ -185,6 +217,7 @@ def configs_for(model: Model, gloo, bucket_view: bool = False) -> tuple[list[Con
     v = dict(bucket_view=bucket_view)
     cfgs = [Config("commlib", model, **v), Config("commlib-tuned", model, bucket_cap_mb=mb, **v),
             Config("commlib-avg", model, hook=commlib.torch_backend.allreduce_avg_hook, **v),
+            Config("mpi", model, hook=native_hook, algorithm="native", **v),
             Config("gloo", model, group=gloo, **v), Config("compute", model, ddp=False)]
     return cfgs, f"commlib-tuned: bucket_cap_mb {mb:.3g} from commlib.torch_backend.ddp_bucket_mb"
 

@@ -26,7 +26,7 @@ def test_ddp_bench_runs_and_checks(tmp_path):
     assert [m["model"] for m in doc["models"]] == ["mlp", "transformer"]
     for model in doc["models"]:
         rows = {r["config"]: r for r in model["rows"]}
-        assert {"commlib", "commlib-avg", "gloo", "compute"} <= set(rows), rows
+        assert {"commlib", "commlib-avg", "mpi", "gloo", "compute"} <= set(rows), rows
         if "commlib-tuned" not in rows:  # left out only where commlib proposes no buckets
             assert "left out" in model["tuned"], model["tuned"]
         for name, r in rows.items():
