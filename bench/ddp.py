@@ -53,6 +53,7 @@ import os
 import statistics
 import sys
 import warnings
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -61,7 +62,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import commlib
 import commlib.torch_backend
-from commlib.runtime.progress import lane_of
 from commlib.topology.affinity import host_cpu_count
 from _harness import rank0_out, timed_slowest, write_json
 from _quiet import quiet_for, quiet_summary, wait_until
@@ -191,25 +191,12 @@ class Config:
 def native_hook(_, bucket):
     """A DDP communication hook: DDP's default (divide by the world size, all-reduce SUM), the
     all-reduce being commlib's with ``algorithm="native"``: the engine's own (MPI's ``Allreduce``
-    under mpiexec) through commlib's path. Run as the process group runs it: blocking in the
-    call where no progress thread serves the world group, else asynchronously, the future
-    completed by the operation's done-callback."""
+    under mpiexec), run by the commlib process group's own path (blocking in the call where no
+    progress thread serves the group, else asynchronously; its future and failure handling)."""
     buf = bucket.buffer().div_(dist.get_world_size())
-    fut: torch.futures.Future = torch.futures.Future()
-    world = commlib.get_world_group()
-    if lane_of(world) is None:
-        commlib.all_reduce(buf, algorithm="native")
-        fut.set_result(buf)
-        return fut
-    work = commlib.all_reduce(buf, algorithm="native", async_op=True)
-
-    def done(w):
-        if w.exception() is not None:
-            fut.set_exception(w.exception())
-        else:
-            fut.set_result(buf)
-    work.add_done_callback(done)
-    return fut
+    pg = dist.group.WORLD  # the commlib process group (start())
+    work = pg._run([buf], [partial(commlib.all_reduce, buf, group=pg.group, algorithm="native")])
+    return work.get_future().then(lambda fut: fut.value()[0])
 
 
 def configs_for(model: Model, gloo, bucket_view: bool = False) -> tuple[list[Config], str]:

@@ -28,7 +28,6 @@ allows: across hosts) and ``int8-call``, the same run in the hook (``overlap=Fal
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
 import sys
 import time
@@ -37,32 +36,26 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 import commlib.compress
 import commlib.torch_backend
 from _harness import rank0_out
-from ddp import MODELS, add_model_args, start
+from ddp import MODELS, Config, add_model_args, start
 
 COMM = MPI.COMM_WORLD
 
 
-class Traced:
-    """A copy of the model under DDP on ``group`` whose hook (``inner``, a ``(state, hook)`` pair;
-    default torch's all-reduce hook) records (bytes, issued, done)."""
+class Traced(Config):
+    """bench/ddp.py's row (a copy of the model under DDP on ``group``, or alone where ``cap`` is
+    None) whose hook (``inner``, a ``(state, hook)`` pair; default torch's all-reduce hook)
+    records (bytes, issued, done)."""
 
     def __init__(self, name: str, model, group, cap: float | None, inner=None):
-        self.name, self.model, self.group = name, model, group
         self.inner = inner or (group if group is not None else dist.group.WORLD,
                                default_hooks.allreduce_hook)
-        self.module = copy.deepcopy(model.module)
-        self.ddp = cap is not None
-        self.net = DDP(self.module, process_group=group, bucket_cap_mb=cap) if self.ddp \
-            else self.module
         self.events: list[tuple[int, float, float]] = []
-        if self.ddp:
-            self.net.register_comm_hook(None, self._hook)
-        self.opt = torch.optim.SGD(self.module.parameters(), lr=1e-3)
+        super().__init__(name, model, group, bucket_cap_mb=cap, ddp=cap is not None,
+                         hook=self._hook if cap is not None else None)
 
     def _hook(self, state, bucket):
         issued = time.perf_counter()

@@ -46,7 +46,7 @@ from .api.groups import (
 from .engines.torch_dist import TorchBackend
 from .errors import CommArgumentError, CommStateError
 from .runtime.group import state as _state
-from .runtime.progress import lane_of
+from .runtime.progress import lane_of, overlaps
 from .tuning import bucket_sizes
 
 __all__ = [
@@ -279,7 +279,7 @@ def ddp_bucket_mb(model: torch.nn.Module, process_group=None) -> float:
             f"ddp_bucket_mb: process_group {pg!r} is not a commlib process group. Fix: "
             f"init_process_group('commlib'), or pass a group made by new_group on it.")
     grads = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    if pg.group.size == 1 or lane_of(pg.group) is None:
+    if not overlaps(pg.group):
         return max(grads, 1) / (1 << 20)
     dtype = next((p.dtype for p in model.parameters() if p.requires_grad), torch.float32)
     bucket, _, _ = bucket_sizes(pg.group, grads, dtype)

@@ -44,7 +44,7 @@ from commlib.api.entry import fail_future
 from commlib.api.groups import resolve_group
 from commlib.errors import CommTypeError, arg_error
 from commlib.ops import ReduceOp
-from commlib.runtime.progress import lane_of
+from commlib.runtime.progress import overlaps
 
 from .codec import Codec, as_codec
 from .collectives import _algorithm, all_reduce
@@ -174,6 +174,6 @@ def ddp_hook(codec, *, error_feedback: bool = True, group=None, algorithm: str =
                         "'auto' (the thread where the group's collectives can overlap compute)")
     g = resolve_group(group, fn)
     if overlap == "auto":
-        overlap = g.size > 1 and lane_of(g) is not None
+        overlap = overlaps(g)
     return (DDPHookState(c, error_feedback, group, algorithm, overlap),
             compressed_allreduce_hook)

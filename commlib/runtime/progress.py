@@ -65,7 +65,8 @@ from ..errors import CommBackendError, CommError, CommStateError, CommTimeoutErr
 from ..topology.affinity import host_cpu_count
 from .group import state
 
-__all__ = ["Work", "completed_work", "drive", "set_progress", "shutdown", "start", "unusable"]
+__all__ = ["Work", "completed_work", "drive", "overlaps", "set_progress", "shutdown", "start",
+           "unusable"]
 
 log = logging.getLogger("commlib")
 _yield = os.sched_yield if hasattr(os, "sched_yield") else (lambda: time.sleep(0))
@@ -617,6 +618,14 @@ def lane_of(group) -> str | None:
         if group.resources is not None:
             group.resources.state["progress_facts"] = facts
     return choose_lane(_PROGRESS.mode, *facts)
+
+
+def overlaps(group) -> bool:
+    """Whether ``group``'s collectives can run behind the caller's compute: it has peers and a
+    progress thread serves it (:func:`lane_of`). Where not (one host whose cores all compute,
+    ``COMMLIB_PROGRESS=wait``, one rank), issuing early gains nothing: the layers above run
+    such a group's work in the call (DDP's buckets and hooks)."""
+    return group.size > 1 and lane_of(group) is not None
 
 
 def _forced_lane(group) -> str:
