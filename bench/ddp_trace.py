@@ -7,8 +7,9 @@ completed, against the backward pass, on the "commlib" backend and on gloo with 
 bench/ddp.py gives the share of the communication a step did not pay for (``hidden``); this says
 why the rest was paid. Each configuration trains its own copy of the model (bench/ddp.py's models
 and data) under DDP with ``bucket_cap_mb`` from ``commlib.torch_backend.ddp_bucket_mb`` (or
-``--bucket-cap-mb``) and a communication hook that is torch's default all-reduce
-(``default_hooks.allreduce_hook``: divide, all-reduce SUM) with a clock around it; ``compute`` is
+``--bucket-cap-mb``: a size, or ``ddp`` for DDP's default buckets) and a communication hook that
+is torch's default all-reduce (``default_hooks.allreduce_hook``: divide, all-reduce SUM) with a
+clock around it; ``compute`` is
 the same model without DDP; ``--int8`` adds ``int8``, commlib's compressed hook
 (``commlib.compress.ddp_hook("int8", algorithm="compressed")``, on its own thread where the group
 allows: across hosts) and ``int8-call``, the same run in the hook (``overlap=False``). Per step
@@ -51,12 +52,12 @@ class Traced(Config):
     None) whose hook (``inner``, a ``(state, hook)`` pair; default torch's all-reduce hook)
     records (bytes, issued, done)."""
 
-    def __init__(self, name: str, model, group, cap: float | None, inner=None):
+    def __init__(self, name: str, model, group, cap: float | None, inner=None, ddp=True):
         self.inner = inner or (group if group is not None else dist.group.WORLD,
                                default_hooks.allreduce_hook)
         self.events: list[tuple[int, float, float]] = []
-        super().__init__(name, model, group, bucket_cap_mb=cap, ddp=cap is not None,
-                         hook=self._hook if cap is not None else None)
+        super().__init__(name, model, group, bucket_cap_mb=cap, ddp=ddp,
+                         hook=self._hook if ddp else None)
 
     def _hook(self, state, bucket):
         issued = time.perf_counter()
@@ -88,12 +89,20 @@ class Traced(Config):
         return row
 
 
+def _positive(text: str) -> bool:
+    try:
+        return float(text) > 0
+    except ValueError:
+        return False
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="transformer", help="comma-separated: mlp, transformer")
     add_model_args(ap)
-    ap.add_argument("--bucket-cap-mb", type=float, default=None,
-                    help="DDP's bucket_cap_mb (default: commlib.torch_backend.ddp_bucket_mb)")
+    ap.add_argument("--bucket-cap-mb", default=None,
+                    help="DDP's bucket_cap_mb, or 'ddp' for DDP's default buckets (25 MiB, the "
+                         "first 1 MiB; default: commlib.torch_backend.ddp_bucket_mb)")
     ap.add_argument("--steps", type=int, default=9, help="traced steps per configuration")
     ap.add_argument("--int8", action="store_true",
                     help="also rows 'int8' (commlib.compress.ddp_hook('int8', "
@@ -101,10 +110,12 @@ def main(argv=None) -> int:
                          "'int8-call' (the same with overlap=False)")
     args = ap.parse_args(argv)
     names = [m.strip() for m in args.models.split(",") if m.strip()]
-    if not names or any(m not in MODELS for m in names) or args.steps < 1:
+    cap_ok = args.bucket_cap_mb in (None, "ddp") or _positive(args.bucket_cap_mb)
+    if not names or any(m not in MODELS for m in names) or args.steps < 1 or not cap_ok:
         if COMM.rank == 0:
             print(f"bench/ddp_trace.py: --models takes {', '.join(MODELS)} (got "
-                  f"{args.models!r}); --steps must be >= 1", file=sys.stderr)
+                  f"{args.models!r}); --steps must be >= 1; --bucket-cap-mb a number of MiB "
+                  f"above 0 or 'ddp' (got {args.bucket_cap_mb!r})", file=sys.stderr)
         return 2
     gloo = start(args)
     out = rank0_out(dist.get_rank())
@@ -113,17 +124,17 @@ def main(argv=None) -> int:
         f"{args.steps} steps; ms")
     for m in names:
         model = MODELS[m](args, dist.get_rank())
-        cap = (args.bucket_cap_mb if args.bucket_cap_mb is not None
-               else commlib.torch_backend.ddp_bucket_mb(model.module))
+        cap = (commlib.torch_backend.ddp_bucket_mb(model.module) if args.bucket_cap_mb is None
+               else None if args.bucket_cap_mb == "ddp" else float(args.bucket_cap_mb))
         cfgs = [Traced("commlib", model, None, cap), Traced("gloo", model, gloo, cap),
-                Traced("compute", model, None, None)]
+                Traced("compute", model, None, None, ddp=False)]
         if args.int8:  # on the hook's thread where the group allows, and in the call
             cfgs[1:1] = [Traced(name, model, None, cap,
                                 commlib.compress.ddp_hook("int8", algorithm="compressed",
                                                           overlap=overlap))
                          for name, overlap in (("int8", "auto"), ("int8-call", False))]
         out(f"# {m}: {model.what}; {model.grad_bytes / 2**20:.1f} MiB of gradients; "
-            f"bucket_cap_mb {cap:.3g}")
+            f"bucket_cap_mb {'DDP default' if cap is None else f'{cap:.3g}'}")
         out(f"# {'config':>9} | {'step':>7} | {'backward':>8} | {'tail':>6} | {'overlapped':>10} | "
             f"buckets")
         for c in cfgs:

@@ -58,3 +58,17 @@ def test_ddp_trace_reports_each_configuration():
             assert overlapped == "-" and buckets == "0" and tail == 0, proc.stdout
         else:
             assert 0 <= int(overlapped.rstrip("%")) <= 100 and int(buckets) >= 1, proc.stdout
+
+
+def test_ddp_trace_with_ddps_default_buckets_and_a_bad_size():
+    """``--bucket-cap-mb ddp``: DDP's own buckets (the header says so, and on these tiny models
+    every gradient fits DDP's first bucket: one); a size that is not above 0 is refused."""
+    tiny = TINY[:TINY.index("--rounds")]
+    proc = bench(2, "ddp_trace", "--models", "mlp", *tiny, "--steps", "1", "--bucket-cap-mb", "ddp")
+    assert "bucket_cap_mb DDP default" in proc.stdout, proc.stdout
+    rows = {line.split("|")[0].strip(): line.split("|") for line in proc.stdout.splitlines()
+            if "|" in line and not line.startswith("#")}
+    assert rows["commlib"][-1].strip() == "1" and rows["gloo"][-1].strip() == "1", proc.stdout
+    bad = bench(2, "ddp_trace", "--models", "mlp", *tiny, "--bucket-cap-mb", "0", check=False)
+    assert bad.returncode == 2 and "--bucket-cap-mb a number of MiB above 0" in bad.stderr, \
+        bad.stderr

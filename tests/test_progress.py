@@ -11,6 +11,7 @@ import pytest
 from conftest import MPI_DIR
 from test_torch_backend import run_torch
 
+import commlib
 from commlib.runtime.progress import choose_lane, set_progress
 
 CASES = ["case_progress_while_computing", "case_no_progress_without_the_thread",
@@ -32,6 +33,26 @@ CASES = ["case_progress_while_computing", "case_no_progress_without_the_thread",
 def test_choose_lane(mode, spans_hosts, ranks_on_host, cores, lane):
     """Which progress thread serves a group, from its facts (a pure function)."""
     assert choose_lane(mode, spans_hosts, ranks_on_host, cores) == lane
+
+
+def test_pauses_per_lane(monkeypatch):
+    """The thread across hosts pauses at most 100 us between passes (MPI over TCP answers a
+    handshake only inside a call), the one on a host up to 1 ms; each has its own option, and
+    the first pause never exceeds the lane's longest."""
+    from commlib.runtime.progress import _PROGRESS
+    local, remote = _PROGRESS.threads["local"], _PROGRESS.threads["remote"]
+    for name in ("COMMLIB_PROGRESS_MIN_US", "COMMLIB_PROGRESS_MAX_US",
+                 "COMMLIB_PROGRESS_REMOTE_MAX_US"):
+        monkeypatch.delenv(name, raising=False)
+    assert local.pauses() == pytest.approx((50e-6, 1e-3))
+    assert remote.pauses() == pytest.approx((50e-6, 100e-6))
+    monkeypatch.setenv("COMMLIB_PROGRESS_MIN_US", "400")
+    monkeypatch.setenv("COMMLIB_PROGRESS_REMOTE_MAX_US", "250")
+    assert local.pauses() == pytest.approx((400e-6, 1e-3))
+    assert remote.pauses() == pytest.approx((250e-6, 250e-6))
+    monkeypatch.setenv("COMMLIB_PROGRESS_REMOTE_MAX_US", "0")
+    with pytest.raises(commlib.CommConfigError, match="COMMLIB_PROGRESS_REMOTE_MAX_US"):
+        remote.pauses()
 
 
 def test_set_progress_rejects_unknown_modes():

@@ -25,7 +25,9 @@ Every operation is a generator that yields lists of backend handles and finishes
   the lagging peer publishes; a gloo transfer waits on its waiter thread's event; neither
   advances anything: only passes do, and the caller's thread keeps the passes off while it
   drives), and otherwise sleeps between passes, from ``COMMLIB_PROGRESS_MIN_US`` doubling to
-  ``COMMLIB_PROGRESS_MAX_US`` while nothing completes
+  ``COMMLIB_PROGRESS_MAX_US`` (1 ms; ``COMMLIB_PROGRESS_REMOTE_MAX_US``, 100 us, for the thread
+  serving groups across hosts, where MPI over TCP moves bytes and answers handshakes only inside
+  its calls) while nothing completes
   (MPI moves data only inside its calls, and MPICH's own asynchronous-progress thread spins a
   core). Two threads, two lanes (:class:`_Lanes`): groups on one host are served by a niced
   thread, since their progress is copying on the cores the compute uses; groups across hosts by
@@ -494,8 +496,8 @@ class _Progress:
     computes (see the module docstring). Started by the lane's first asynchronous operation,
     stopped by ``finalize``. ``nice``: the thread's niceness (Linux; 0 elsewhere)."""
 
-    def __init__(self, lane: str, nice: int):
-        self.lane, self.nice = lane, nice
+    def __init__(self, lane: str, nice: int, max_option: str):
+        self.lane, self.nice, self.max_option = lane, nice, max_option
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._stop = False
@@ -509,6 +511,12 @@ class _Progress:
         if not self._wake.is_set():
             self._wake.set()
 
+    def pauses(self) -> tuple[float, float]:
+        """(first, longest) pause in seconds between passes that complete nothing: from
+        ``COMMLIB_PROGRESS_MIN_US`` doubling to this lane's maximum, the first never above it."""
+        hi = config.get(self.max_option) * 1e-6
+        return min(config.get("progress_min_us") * 1e-6, hi), hi
+
     def _run(self) -> None:
         torch.set_grad_enabled(False)  # communication is not differentiated (and per thread)
         if self.nice and hasattr(os, "setpriority") and hasattr(threading, "get_native_id"):
@@ -516,8 +524,7 @@ class _Progress:
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
             except OSError:
                 pass
-        lo = config.get("progress_min_us") * 1e-6
-        hi = max(lo, config.get("progress_max_us") * 1e-6)
+        lo, hi = self.pauses()
         interval = lo
         lane = self.lane
         while not self._stop:
@@ -562,8 +569,8 @@ class _Lanes:
 
     def __init__(self):
         self.mode = config.get("progress")
-        self.threads = {"local": _Progress("local", config.get("progress_nice")),
-                        "remote": _Progress("remote", 0)}
+        self.threads = {"local": _Progress("local", config.get("progress_nice"), "progress_max_us"),
+                        "remote": _Progress("remote", 0, "progress_remote_max_us")}
 
     def stop(self) -> None:
         for thread in self.threads.values():
