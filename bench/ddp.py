@@ -20,6 +20,8 @@ its own fixed batch) in the same processes. Configurations, per model:
 * ``commlib-avg``: ``commlib``'s with commlib's communication hook
   (``commlib.torch_backend.allreduce_avg_hook``: one all-reduce with ``ReduceOp.AVG``, divided
   while reducing, instead of DDP's own division of every bucket);
+* ``commlib-tuned-avg``: both, commlib's recommendation (with ``--bucket-view`` in full:
+  docs/torch-backend.md);
 * ``mpi``: ``commlib``'s with a hook whose all-reduce is commlib's with ``algorithm="native"``:
   MPI's own ``Allreduce`` through commlib's path (:func:`native_hook`), a reference like gloo
   (the goal lines judge the ``commlib`` rows);
@@ -71,7 +73,7 @@ COMM = MPI.COMM_WORLD
 GOAL_SPEEDUP = 1.5    # issue 21: gloo / commlib step time, one host, communication-heavy model
 GOAL_HIDDEN = 0.6     # across hosts: share of the gradient all-reduces hidden behind backward
 RTOL = 1e-5           # parameters of every DDP copy against gloo's after the same steps
-DDP_ROWS = ("commlib", "commlib-tuned", "commlib-avg", "mpi", "gloo")
+DDP_ROWS = ("commlib", "commlib-tuned", "commlib-avg", "commlib-tuned-avg", "mpi", "gloo")
 ROWS = DDP_ROWS + ("compute",)
 
 
@@ -199,13 +201,22 @@ def native_hook(_, bucket):
     return work.get_future().then(lambda fut: fut.value()[0])
 
 
-def configs_for(model: Model, gloo, bucket_view: bool = False) -> tuple[list[Config], str]:
+def configs_for(model: Model, gloo, bucket_view: bool = False,
+                rows=DDP_ROWS) -> tuple[list[Config], str]:
+    """The configurations named in ``rows`` (in DDP_ROWS' order), and always ``gloo`` and
+    ``compute``: the references of the ratio and of the hidden share."""
     mb = commlib.torch_backend.ddp_bucket_mb(model.module)
     v = dict(bucket_view=bucket_view)
-    cfgs = [Config("commlib", model, **v), Config("commlib-tuned", model, bucket_cap_mb=mb, **v),
-            Config("commlib-avg", model, hook=commlib.torch_backend.allreduce_avg_hook, **v),
-            Config("mpi", model, hook=native_hook, algorithm="native", **v),
-            Config("gloo", model, group=gloo, **v), Config("compute", model, ddp=False)]
+    avg = commlib.torch_backend.allreduce_avg_hook
+    make = {"commlib": lambda: Config("commlib", model, **v),
+            "commlib-tuned": lambda: Config("commlib-tuned", model, bucket_cap_mb=mb, **v),
+            "commlib-avg": lambda: Config("commlib-avg", model, hook=avg, **v),
+            "commlib-tuned-avg": lambda: Config("commlib-tuned-avg", model, bucket_cap_mb=mb,
+                                                hook=avg, **v),
+            "mpi": lambda: Config("mpi", model, hook=native_hook, algorithm="native", **v),
+            "gloo": lambda: Config("gloo", model, group=gloo, **v),
+            "compute": lambda: Config("compute", model, ddp=False)}
+    cfgs = [make[name]() for name in ROWS if name in rows or name in ("gloo", "compute")]
     return cfgs, f"commlib-tuned: bucket_cap_mb {mb:.3g} from commlib.torch_backend.ddp_bucket_mb"
 
 
@@ -343,7 +354,7 @@ def hidden_share(comm: float, compute: float, step: float) -> float:
 
 
 def run_model(model: Model, gloo, args, out, cpu: CpuGate, copies: CopyGate) -> dict:
-    cfgs, note = configs_for(model, gloo, args.bucket_view)
+    cfgs, note = configs_for(model, gloo, args.bucket_view, args.rows.split(","))
     if args.bucket_view:
         note += "; gradient_as_bucket_view=True in every DDP configuration"
     by = {c.name: c for c in cfgs}
@@ -355,7 +366,7 @@ def run_model(model: Model, gloo, args, out, cpu: CpuGate, copies: CopyGate) -> 
         c.read_buckets()
     for c in cfgs:
         if c.buckets:
-            out(f"#   {c.name:>13} buckets: {len(c.buckets)}, "
+            out(f"#   {c.name:>17} buckets: {len(c.buckets)}, "
                 + ", ".join(f"{n / 2**20:.2f}" for n in c.buckets) + " MiB")
     quiet = quiet_for(COMM, args.patience)
     names = [c.name for c in cfgs]
@@ -377,7 +388,7 @@ def run_model(model: Model, gloo, args, out, cpu: CpuGate, copies: CopyGate) -> 
     gloo_rounds = by["gloo"].samples["step"]
     compute = statistics.median(compute_rounds)
     rows = []
-    out(f"# {'config':>13} | {'step ms':>8} | {'gloo/this':>9} | {'comm alone ms':>13} | "
+    out(f"# {'config':>17} | {'step ms':>8} | {'gloo/this':>9} | {'comm alone ms':>13} | "
         f"{'compute ms':>10} | {'hidden':>6} | {'#wrong':>6}")
     for c in cfgs:
         step = statistics.median(c.samples["step"])
@@ -393,7 +404,7 @@ def run_model(model: Model, gloo, args, out, cpu: CpuGate, copies: CopyGate) -> 
                "bucket_cap_mb": c.bucket_cap_mb, "buckets": c.buckets,
                "wrong": wrong.get(c.name)}
         rows.append(row)
-        out(f"  {c.name:>13} | {step * 1e3:8.2f} | {ratio:8.2f}x | "
+        out(f"  {c.name:>17} | {step * 1e3:8.2f} | {ratio:8.2f}x | "
             f"{'-' if comm is None else f'{comm * 1e3:.2f}':>13} | {compute * 1e3:10.2f} | "
             f"{'-' if hidden is None else f'{100 * hidden:.0f}%':>6} | "
             f"{'-' if row['wrong'] is None else row['wrong']:>6}")
@@ -424,11 +435,13 @@ def goals(results: list[dict], hosts: int) -> list[str]:
         lines.append(f"# goal: not slower than gloo anywhere: worst gloo/commlib {worst[0]:.2f}x "
                      f"({worst[1]}) {'PASS' if worst[0] >= 1.0 else 'MISS'}")
     if hosts > 1:
-        low = min(((x["hidden"], f"{r['model']} {x['config']}") for r in results
-                   for x in commlib_rows(r) if x["hidden"] is not None), default=None)
-        if low:
-            lines.append(f"# goal: on the vcluster >= {GOAL_HIDDEN:.0%} hidden: lowest "
-                         f"{low[0]:.0%} ({low[1]}) {'PASS' if low[0] >= GOAL_HIDDEN else 'MISS'}")
+        # every commlib row on its own: with DDP's default buckets the last, largest bucket is
+        # issued when the backward ends, so there only the first (1 MiB) one can hide
+        each = ", ".join(f"{r['model']} {x['config']} {x['hidden']:.1%} "
+                         f"{'PASS' if x['hidden'] >= GOAL_HIDDEN else 'MISS'}"
+                         for r in results for x in commlib_rows(r) if x["hidden"] is not None)
+        if each:
+            lines.append(f"# goal: on the vcluster >= {GOAL_HIDDEN:.0%} hidden: {each}")
     else:
         lines.append(f"# goal: on the vcluster >= {GOAL_HIDDEN:.0%} hidden: n/a (one host)")
     return lines
@@ -472,6 +485,9 @@ def main(argv=None) -> int:
     ap.add_argument("--bucket-view", action="store_true",
                     help="DDP(gradient_as_bucket_view=True) in every DDP configuration: the "
                          "gradients are views into the buckets, no copies in and out")
+    ap.add_argument("--rows", default=",".join(DDP_ROWS),
+                    help="comma-separated DDP configurations to run (gloo and compute always "
+                         f"run); default all: {','.join(DDP_ROWS)}")
     ap.add_argument("--steps", type=int, default=5, help="timed steps per configuration and round")
     ap.add_argument("--warmup", type=int, default=3,
                     help="untimed steps before the rounds (at least 3: DDP's bucket rebuild)")
@@ -482,9 +498,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     bad = [m for m in names if m not in MODELS]
-    if bad or not names or min(args.steps, args.rounds, args.warmup) < 1:
+    bad_rows = [r for r in args.rows.split(",") if r not in DDP_ROWS]
+    if bad or bad_rows or not names or min(args.steps, args.rounds, args.warmup) < 1:
         if COMM.rank == 0:
             print(f"bench/ddp.py: --models takes {', '.join(MODELS)} (got {args.models!r}); "
+                  f"--rows takes {', '.join(DDP_ROWS)} (got {args.rows!r}); "
                   f"--steps, --rounds and --warmup must be >= 1", file=sys.stderr)
         return 2
 

@@ -30,7 +30,7 @@ def test_ddp_bench_runs_and_checks(tmp_path):
         if "commlib-tuned" not in rows:  # left out only where commlib proposes no buckets
             assert "left out" in model["tuned"], model["tuned"]
         for name, r in rows.items():
-            assert f"  {name:>13} | " in text, (name, text)
+            assert f"  {name:>17} | " in text, (name, text)
             assert len(r["rounds_s"]) == 2 and r["step_s"] > 0, r
             if name == "compute":
                 assert r["wrong"] is None and r["hidden"] is None and not r["buckets"], r
@@ -39,6 +39,18 @@ def test_ddp_bench_runs_and_checks(tmp_path):
                 # DDP's rebuilt buckets hold every gradient once (bytes, float32)
                 assert sum(r["buckets"]) == 4 * model["params"], r
                 assert len(r["comm_rounds_s"]) == 2 and r["comm_alone_s"] > 0, r
+
+
+def test_ddp_bench_runs_the_rows_asked_for():
+    """``--rows``: only those DDP configurations, beside the references gloo and compute; a row
+    that does not exist is refused, naming the ones that do."""
+    proc = bench(2, "ddp", "--models", "mlp", *TINY, "--rows", "commlib-tuned-avg")
+    rows = [line.split("|")[0].strip() for line in proc.stdout.splitlines()
+            if "|" in line and not line.startswith("#")]
+    assert rows == ["commlib-tuned-avg", "gloo", "compute"], proc.stdout
+    assert ": 0 OK" in proc.stdout, proc.stdout
+    bad = bench(2, "ddp", "--models", "mlp", *TINY, "--rows", "commlib,nccl", check=False)
+    assert bad.returncode == 2 and "--rows takes commlib, commlib-tuned" in bad.stderr, bad.stderr
 
 
 def test_ddp_trace_reports_each_configuration():
