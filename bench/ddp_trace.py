@@ -9,11 +9,10 @@ why the rest was paid. Each configuration trains its own copy of the model (benc
 and data) under DDP with ``bucket_cap_mb`` from ``commlib.torch_backend.ddp_bucket_mb`` (or
 ``--bucket-cap-mb``: a size, or ``ddp`` for DDP's default buckets) and a communication hook that
 is torch's default all-reduce (``default_hooks.allreduce_hook``: divide, all-reduce SUM) with a
-clock around it; ``compute`` is
-the same model without DDP; ``--int8`` adds ``int8``, commlib's compressed hook
-(``commlib.compress.ddp_hook("int8", algorithm="compressed")``, on its own thread where the group
-allows: across hosts) and ``int8-call``, the same run in the hook (``overlap=False``). Per step
-(the slowest rank's, the median of ``--steps``):
+clock around it; ``compute`` is the same model without DDP; ``--int8`` adds ``int8``, commlib's
+compressed hook (``commlib.compress.ddp_hook("int8", algorithm="compressed")``, on its own thread
+where the group allows: across hosts) and ``int8-call``, the same run in the hook
+(``overlap=False``). Per step (the slowest rank's, the median of ``--steps``):
 
 * ``backward``: from the backward's start to its last bucket's issue (DDP) or to its end (compute):
   the backward's own work; DDP's minus compute's is what the communication took from it (the
