@@ -36,22 +36,24 @@ def test_choose_lane(mode, spans_hosts, ranks_on_host, cores, lane):
 
 
 def test_pauses_per_lane(monkeypatch):
-    """The thread across hosts pauses at most 100 us between passes (MPI over TCP answers a
-    handshake only inside a call), the one on a host up to 1 ms; each has its own option, and
-    the first pause never exceeds the lane's longest."""
+    """Both threads back off to 1 ms between passes; the one across hosts first keeps to 100 us
+    (MPI over TCP answers a handshake only inside a call). Each pace has its option, and the
+    first pause never exceeds the fast one, nor the fast one the longest."""
     from commlib.runtime.progress import _PROGRESS
     local, remote = _PROGRESS.threads["local"], _PROGRESS.threads["remote"]
     for name in ("COMMLIB_PROGRESS_MIN_US", "COMMLIB_PROGRESS_MAX_US",
-                 "COMMLIB_PROGRESS_REMOTE_MAX_US"):
+                 "COMMLIB_PROGRESS_REMOTE_FAST_US"):
         monkeypatch.delenv(name, raising=False)
-    assert local.pauses() == pytest.approx((50e-6, 1e-3))
-    assert remote.pauses() == pytest.approx((50e-6, 100e-6))
+    assert local.pauses() == pytest.approx((50e-6, 1e-3, 1e-3))
+    assert remote.pauses() == pytest.approx((50e-6, 100e-6, 1e-3))
     monkeypatch.setenv("COMMLIB_PROGRESS_MIN_US", "400")
-    monkeypatch.setenv("COMMLIB_PROGRESS_REMOTE_MAX_US", "250")
-    assert local.pauses() == pytest.approx((400e-6, 1e-3))
-    assert remote.pauses() == pytest.approx((250e-6, 250e-6))
-    monkeypatch.setenv("COMMLIB_PROGRESS_REMOTE_MAX_US", "0")
-    with pytest.raises(commlib.CommConfigError, match="COMMLIB_PROGRESS_REMOTE_MAX_US"):
+    monkeypatch.setenv("COMMLIB_PROGRESS_REMOTE_FAST_US", "250")
+    assert local.pauses() == pytest.approx((400e-6, 1e-3, 1e-3))
+    assert remote.pauses() == pytest.approx((250e-6, 250e-6, 1e-3))
+    monkeypatch.setenv("COMMLIB_PROGRESS_MAX_US", "200")
+    assert remote.pauses() == pytest.approx((200e-6, 200e-6, 200e-6))
+    monkeypatch.setenv("COMMLIB_PROGRESS_REMOTE_FAST_US", "0")
+    with pytest.raises(commlib.CommConfigError, match="COMMLIB_PROGRESS_REMOTE_FAST_US"):
         remote.pauses()
 
 

@@ -25,9 +25,10 @@ Every operation is a generator that yields lists of backend handles and finishes
   the lagging peer publishes; a gloo transfer waits on its waiter thread's event; neither
   advances anything: only passes do, and the caller's thread keeps the passes off while it
   drives), and otherwise sleeps between passes, from ``COMMLIB_PROGRESS_MIN_US`` doubling to
-  ``COMMLIB_PROGRESS_MAX_US`` (1 ms; ``COMMLIB_PROGRESS_REMOTE_MAX_US``, 100 us, for the thread
-  serving groups across hosts, where MPI over TCP moves bytes and answers handshakes only inside
-  its calls) while nothing completes
+  ``COMMLIB_PROGRESS_MAX_US`` (1 ms) while nothing completes; the thread serving groups across
+  hosts keeps to ``COMMLIB_PROGRESS_REMOTE_FAST_US`` (100 us) for the first 10 ms after an
+  operation is issued or advances, since MPI over TCP answers a message's handshake only inside
+  its calls
   (MPI moves data only inside its calls, and MPICH's own asynchronous-progress thread spins a
   core). Two threads, two lanes (:class:`_Lanes`): groups on one host are served by a niced
   thread, since their progress is copying on the cores the compute uses; groups across hosts by
@@ -74,6 +75,11 @@ log = logging.getLogger("commlib")
 _yield = os.sched_yield if hasattr(os, "sched_yield") else (lambda: time.sleep(0))
 _clock = time.monotonic
 _IDLE_S = 0.005  # longest block in the engine between polls (other pending works, the deadline)
+# After an operation across hosts is issued or advances, its thread polls at the fast pace for
+# this long: MPI over TCP answers a message's rendezvous and pushes its fragments only inside
+# calls, which a DDP bucket's steps (a few ms each at 1 Gb/s) wait on; past it a transfer is
+# streaming, and polling faster only takes the cores from the compute (docs/overlap.md).
+FAST_WINDOW_S = 0.010
 
 # Outstanding asynchronous works of every group, in issue order.
 _PENDING: list["Work"] = []
@@ -496,8 +502,8 @@ class _Progress:
     computes (see the module docstring). Started by the lane's first asynchronous operation,
     stopped by ``finalize``. ``nice``: the thread's niceness (Linux; 0 elsewhere)."""
 
-    def __init__(self, lane: str, nice: int, max_option: str):
-        self.lane, self.nice, self.max_option = lane, nice, max_option
+    def __init__(self, lane: str, nice: int, fast_option: str | None = None):
+        self.lane, self.nice, self.fast_option = lane, nice, fast_option
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._stop = False
@@ -511,11 +517,15 @@ class _Progress:
         if not self._wake.is_set():
             self._wake.set()
 
-    def pauses(self) -> tuple[float, float]:
-        """(first, longest) pause in seconds between passes that complete nothing: from
-        ``COMMLIB_PROGRESS_MIN_US`` doubling to this lane's maximum, the first never above it."""
-        hi = config.get(self.max_option) * 1e-6
-        return min(config.get("progress_min_us") * 1e-6, hi), hi
+    def pauses(self) -> tuple[float, float, float]:
+        """(first, fast, longest) pause in seconds between passes that complete nothing: from
+        ``COMMLIB_PROGRESS_MIN_US`` doubling up to ``fast`` for :data:`FAST_WINDOW_S` after an
+        operation was issued or advanced, then up to ``COMMLIB_PROGRESS_MAX_US``; ``fast`` is
+        this lane's (``COMMLIB_PROGRESS_REMOTE_FAST_US`` across hosts, else the longest). The
+        first never exceeds the fast one."""
+        hi = config.get("progress_max_us") * 1e-6
+        fast = min(config.get(self.fast_option) * 1e-6, hi) if self.fast_option else hi
+        return min(config.get("progress_min_us") * 1e-6, fast), fast, hi
 
     def _run(self) -> None:
         torch.set_grad_enabled(False)  # communication is not differentiated (and per thread)
@@ -524,15 +534,18 @@ class _Progress:
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
             except OSError:
                 pass
-        lo, hi = self.pauses()
+        lo, fast, hi = self.pauses()
         interval = lo
+        moved = _clock()  # when an operation was last issued or advanced
         lane = self.lane
         while not self._stop:
             pending = tuple(w for w in _PENDING if w._lane == lane)
             if not pending:
                 self._wake.wait()
+            if self._wake.is_set():  # an operation was issued: answer its first step promptly
                 self._wake.clear()
-                interval = lo
+                interval, moved = lo, _clock()
+            if not pending:
                 continue
             with _DRIVING:  # waits while the caller's thread drives (it advances them all)
                 steps = sum(w._steps for w in pending)
@@ -540,14 +553,14 @@ class _Progress:
                     w._advance()
                 progressed = (any(w._done for w in pending)
                               or sum(w._steps for w in pending) != steps)
-            if progressed:
-                interval = lo
-                continue
             now = _clock()
+            if progressed:
+                interval, moved = lo, now
+                continue
             for w in pending:
                 w._expire_if_late(now)
             _idle(pending[0], interval)
-            interval = min(2 * interval, hi)
+            interval = min(2 * interval, fast if now - moved < FAST_WINDOW_S else hi)
 
     def stop(self) -> None:
         thread = self._thread
@@ -569,8 +582,8 @@ class _Lanes:
 
     def __init__(self):
         self.mode = config.get("progress")
-        self.threads = {"local": _Progress("local", config.get("progress_nice"), "progress_max_us"),
-                        "remote": _Progress("remote", 0, "progress_remote_max_us")}
+        self.threads = {"local": _Progress("local", config.get("progress_nice")),
+                        "remote": _Progress("remote", 0, "progress_remote_fast_us")}
 
     def stop(self) -> None:
         for thread in self.threads.values():
