@@ -88,11 +88,16 @@ class Traced(Config):
         return row
 
 
-def _positive(text: str) -> bool:
+def _cap(text: str | None):
+    """``--bucket-cap-mb`` parsed once, as ``(value, ok)``: None (commlib's proposal), ``"ddp"``
+    (DDP's default buckets) or MiB; ``ok`` False for text that is not a number above 0."""
+    if text in (None, "ddp"):
+        return text, True
     try:
-        return float(text) > 0
+        mb = float(text)
     except ValueError:
-        return False
+        return None, False
+    return mb, mb > 0
 
 
 def main(argv=None) -> int:
@@ -109,7 +114,7 @@ def main(argv=None) -> int:
                          "'int8-call' (the same with overlap=False)")
     args = ap.parse_args(argv)
     names = [m.strip() for m in args.models.split(",") if m.strip()]
-    cap_ok = args.bucket_cap_mb in (None, "ddp") or _positive(args.bucket_cap_mb)
+    asked, cap_ok = _cap(args.bucket_cap_mb)
     if not names or any(m not in MODELS for m in names) or args.steps < 1 or not cap_ok:
         if COMM.rank == 0:
             print(f"bench/ddp_trace.py: --models takes {', '.join(MODELS)} (got "
@@ -123,8 +128,8 @@ def main(argv=None) -> int:
         f"{args.steps} steps; ms")
     for m in names:
         model = MODELS[m](args, dist.get_rank())
-        cap = (commlib.torch_backend.ddp_bucket_mb(model.module) if args.bucket_cap_mb is None
-               else None if args.bucket_cap_mb == "ddp" else float(args.bucket_cap_mb))
+        cap = (commlib.torch_backend.ddp_bucket_mb(model.module) if asked is None
+               else None if asked == "ddp" else asked)
         cfgs = [Traced("commlib", model, None, cap), Traced("gloo", model, gloo, cap),
                 Traced("compute", model, None, None, ddp=False)]
         if args.int8:  # on the hook's thread where the group allows, and in the call
