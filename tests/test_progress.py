@@ -6,6 +6,9 @@ tests/test_shm.py::test_killed_rank_gives_the_others_an_error (``async``)."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from conftest import MPI_DIR
@@ -55,6 +58,50 @@ def test_pauses_per_lane(monkeypatch):
     monkeypatch.setenv("COMMLIB_PROGRESS_REMOTE_FAST_US", "0")
     with pytest.raises(commlib.CommConfigError, match="COMMLIB_PROGRESS_REMOTE_FAST_US"):
         remote.pauses()
+
+
+def test_next_pause_is_fast_after_a_move_or_while_the_caller_waits():
+    """Doubling from the last pause, capped at the fast pace within 10 ms of an operation's
+    issue or advance, or while the other threads used under a tenth of a core (the caller waits
+    on the result); else at the longest."""
+    from commlib.runtime.progress import next_pause
+    fast, hi = 100e-6, 1e-3
+    assert next_pause(50e-6, fast, hi, 0.001, 1.0) == pytest.approx(100e-6)
+    assert next_pause(100e-6, fast, hi, 0.001, 1.0) == pytest.approx(100e-6)   # in the window
+    assert next_pause(100e-6, fast, hi, 0.020, 1.0) == pytest.approx(200e-6)   # computing
+    assert next_pause(800e-6, fast, hi, 0.020, 0.9) == pytest.approx(1e-3)
+    assert next_pause(800e-6, fast, hi, 0.020, 0.3) == pytest.approx(1e-3)     # descheduled
+    assert next_pause(800e-6, fast, hi, 0.020, 0.05) == pytest.approx(100e-6)  # caller waits
+    assert next_pause(25e-6, fast, hi, 0.020, 0.0) == pytest.approx(50e-6)
+
+
+def test_others_busy_tells_a_computing_caller_from_a_waiting_one():
+    """The share the other threads used: near a core while this thread computes, near none while
+    it sleeps (measured from a second thread, as the progress thread does)."""
+    from commlib.runtime.progress import _OthersBusy
+    shares = {}
+
+    def probe(key, ready, done):
+        o = _OthersBusy()
+        ready.set()
+        done.wait()
+        shares[key] = o.share()
+
+    for key in ("compute", "sleep"):
+        ready, done = threading.Event(), threading.Event()
+        t = threading.Thread(target=probe, args=(key, ready, done))
+        t.start()
+        ready.wait()
+        end = time.perf_counter() + 0.05
+        while time.perf_counter() < end:
+            if key == "compute":
+                sum(range(1000))
+            else:
+                time.sleep(0.005)
+        done.set()
+        t.join()
+    assert shares["compute"] > 0.5, shares
+    assert shares["sleep"] < 0.1, shares
 
 
 def test_set_progress_rejects_unknown_modes():

@@ -294,8 +294,9 @@ OPTIONS: dict[str, Option] = {
                "cost the compute more polling (measured both ways in docs/overlap.md)."),
         Option("progress_remote_fast_us", 100, _parse_positive_int,
                "The longest pause of the progress thread serving groups across hosts for the "
-               "first 10 ms after an operation is issued or advances (then "
-               "`COMMLIB_PROGRESS_MAX_US`). MPI over TCP answers a message's handshake and "
+               "first 10 ms after an operation is issued or advances, and while the process's "
+               "other threads use under a tenth of a core (the caller waits for the result); "
+               "else `COMMLIB_PROGRESS_MAX_US`. MPI over TCP answers a message's handshake and "
                "pushes its fragments only inside progress calls: with 1 ms pauses throughout, "
                "a DDP bucket of 1.25 MiB took twice as long across 1 Gb/s links, while 100 us "
                "throughout took a tenth of the hidden share from a 16 MiB all-reduce beside "

@@ -27,8 +27,9 @@ Every operation is a generator that yields lists of backend handles and finishes
   drives), and otherwise sleeps between passes, from ``COMMLIB_PROGRESS_MIN_US`` doubling to
   ``COMMLIB_PROGRESS_MAX_US`` (1 ms) while nothing completes; the thread serving groups across
   hosts keeps to ``COMMLIB_PROGRESS_REMOTE_FAST_US`` (100 us) for the first 10 ms after an
-  operation is issued or advances, since MPI over TCP answers a message's handshake only inside
-  its calls
+  operation is issued or advances, and while the process's other threads are nearly idle (the
+  caller waits for the result), since MPI over TCP answers a message's handshake and pushes its
+  fragments only inside its calls
   (MPI moves data only inside its calls, and MPICH's own asynchronous-progress thread spins a
   core). Two threads, two lanes (:class:`_Lanes`): groups on one host are served by a niced
   thread, since their progress is copying on the cores the compute uses; groups across hosts by
@@ -80,6 +81,10 @@ _IDLE_S = 0.005  # longest block in the engine between polls (other pending work
 # calls, which a DDP bucket's steps (a few ms each at 1 Gb/s) wait on; past it a transfer is
 # streaming, and polling faster only takes the cores from the compute (docs/overlap.md).
 FAST_WINDOW_S = 0.010
+# ... and while the process's other threads together use less than this share of a core: its
+# caller is waiting for the communication (DDP's reducer once the backward has ended), not
+# computing, so the fast pace takes nothing from the compute.
+IDLE_SHARE = 0.1
 
 # Outstanding asynchronous works of every group, in issue order.
 _PENDING: list["Work"] = []
@@ -520,9 +525,9 @@ class _Progress:
     def pauses(self) -> tuple[float, float, float]:
         """(first, fast, longest) pause in seconds between passes that complete nothing: from
         ``COMMLIB_PROGRESS_MIN_US`` doubling up to ``fast`` for :data:`FAST_WINDOW_S` after an
-        operation was issued or advanced, then up to ``COMMLIB_PROGRESS_MAX_US``; ``fast`` is
-        this lane's (``COMMLIB_PROGRESS_REMOTE_FAST_US`` across hosts, else the longest). The
-        first never exceeds the fast one."""
+        operation was issued or advanced or while the caller waits (:func:`next_pause`), else up
+        to ``COMMLIB_PROGRESS_MAX_US``; ``fast`` is this lane's (``COMMLIB_PROGRESS_REMOTE_FAST_US``
+        across hosts, else the longest). The first never exceeds the fast one."""
         hi = config.get("progress_max_us") * 1e-6
         fast = min(config.get(self.fast_option) * 1e-6, hi) if self.fast_option else hi
         return min(config.get("progress_min_us") * 1e-6, fast), fast, hi
@@ -538,6 +543,7 @@ class _Progress:
         interval = lo
         moved = _clock()  # when an operation was last issued or advanced
         lane = self.lane
+        others = _OthersBusy()
         while not self._stop:
             pending = tuple(w for w in _PENDING if w._lane == lane)
             if not pending:
@@ -560,7 +566,7 @@ class _Progress:
             for w in pending:
                 w._expire_if_late(now)
             _idle(pending[0], interval)
-            interval = min(2 * interval, fast if now - moved < FAST_WINDOW_S else hi)
+            interval = next_pause(interval, fast, hi, now - moved, others.share())
 
     def stop(self) -> None:
         thread = self._thread
@@ -569,6 +575,30 @@ class _Progress:
             self._wake.set()
             thread.join(timeout=5)
             self._thread = None
+
+
+def next_pause(interval: float, fast: float, hi: float, since_moved: float,
+               others_share: float) -> float:
+    """The pause after one that completed nothing (pure): doubled, up to ``fast`` within
+    :data:`FAST_WINDOW_S` of an operation's last issue or advance (``since_moved``, seconds) or
+    while the process's other threads used under :data:`IDLE_SHARE` of a core over the last pause
+    (``others_share``: the caller waits, nothing computes), else up to ``hi``."""
+    quick = since_moved < FAST_WINDOW_S or others_share < IDLE_SHARE
+    return min(2 * interval, fast if quick else hi)
+
+
+class _OthersBusy:
+    """The share of a core the process's other threads (the caller's compute) used since the last
+    call: process CPU time less this thread's, over the wall time."""
+
+    def __init__(self):
+        self._last = (_clock(), time.process_time(), time.thread_time())
+
+    def share(self) -> float:
+        now = (_clock(), time.process_time(), time.thread_time())
+        (t0, p0, o0), self._last = self._last, now
+        wall = now[0] - t0
+        return ((now[1] - p0) - (now[2] - o0)) / wall if wall > 0 else 1.0
 
 
 class _Lanes:
