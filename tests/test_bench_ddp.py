@@ -84,3 +84,16 @@ def test_ddp_trace_with_ddps_default_buckets_and_a_bad_size():
     bad = bench(2, "ddp_trace", "--models", "mlp", *tiny, "--bucket-cap-mb", "0", check=False)
     assert bad.returncode == 2 and "--bucket-cap-mb a number of MiB above 0" in bad.stderr, \
         bad.stderr
+
+def test_ddp_pace_ab_runs_each_commlib_row_twice():
+    """bench/ddp_pace_ab.py: each commlib row asked for and its ``-noidle`` twin (the idle
+    signal off) in the same rounds, both checked against gloo, and one paired line per twin."""
+    proc = bench(2, "ddp_pace_ab", "--models", "mlp", *TINY, "--rows", "commlib,commlib-avg")
+    rows = [line.split("|")[0].strip() for line in proc.stdout.splitlines()
+            if "|" in line and not line.startswith("#")]
+    assert rows == ["commlib", "commlib-avg", "gloo", "compute", "commlib-noidle",
+                    "commlib-avg-noidle"], proc.stdout
+    assert ": 0 OK" in proc.stdout, proc.stdout
+    for name in ("commlib", "commlib-avg"):
+        assert f"# mlp {name}: noidle/idle median " in proc.stdout, proc.stdout
+        assert "idle faster in " in proc.stdout and " of 2 rounds" in proc.stdout, proc.stdout
