@@ -85,6 +85,7 @@ def test_ddp_trace_with_ddps_default_buckets_and_a_bad_size():
     assert bad.returncode == 2 and "--bucket-cap-mb a number of MiB above 0" in bad.stderr, \
         bad.stderr
 
+
 def test_ddp_pace_ab_runs_each_commlib_row_twice():
     """bench/ddp_pace_ab.py: each commlib row asked for and its ``-noidle`` twin (the idle
     signal off) in the same rounds, both checked against gloo, and one paired line per twin."""

@@ -6,12 +6,12 @@ tests/test_shm.py::test_killed_rank_gives_the_others_an_error (``async``)."""
 
 from __future__ import annotations
 
-import threading
-import time
+import json
+import sys
 
 import pytest
 
-from conftest import MPI_DIR
+from conftest import MPI_DIR, run_cmd
 from test_torch_backend import run_torch
 
 import commlib
@@ -75,32 +75,39 @@ def test_next_pause_is_fast_after_a_move_or_while_the_caller_waits():
     assert next_pause(25e-6, fast, hi, 0.020, 0.0) == pytest.approx(50e-6)
 
 
+_SHARES = """
+import json, threading, time
+from commlib.runtime.progress import _OthersBusy
+shares = {}
+def probe(key, ready, done):
+    o = _OthersBusy()
+    ready.set()
+    done.wait()
+    shares[key] = o.share()
+for key in ("compute", "sleep"):
+    ready, done = threading.Event(), threading.Event()
+    t = threading.Thread(target=probe, args=(key, ready, done))
+    t.start()
+    ready.wait()
+    end = time.perf_counter() + 0.1
+    while time.perf_counter() < end:
+        if key == "compute":
+            sum(range(1000))
+        else:
+            time.sleep(0.005)
+    done.set()
+    t.join()
+print(json.dumps(shares))
+"""
+
+
 def test_others_busy_tells_a_computing_caller_from_a_waiting_one():
-    """The share the other threads used: near a core while this thread computes, near none while
-    it sleeps (measured from a second thread, as the progress thread does)."""
-    from commlib.runtime.progress import _OthersBusy
-    shares = {}
-
-    def probe(key, ready, done):
-        o = _OthersBusy()
-        ready.set()
-        done.wait()
-        shares[key] = o.share()
-
-    for key in ("compute", "sleep"):
-        ready, done = threading.Event(), threading.Event()
-        t = threading.Thread(target=probe, args=(key, ready, done))
-        t.start()
-        ready.wait()
-        end = time.perf_counter() + 0.05
-        while time.perf_counter() < end:
-            if key == "compute":
-                sum(range(1000))
-            else:
-                time.sleep(0.005)
-        done.set()
-        t.join()
-    assert shares["compute"] > 0.5, shares
+    """The share of a core the other threads used, measured from a second thread as the progress
+    thread does: most of a core while the main thread computes, near none while it sleeps (in a fresh
+    process: no thread of an earlier test counts)."""
+    proc = run_cmd([sys.executable, "-c", _SHARES], timeout=60)
+    shares = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert shares["compute"] > 0.3, shares  # well above IDLE_SHARE, even on a busy host
     assert shares["sleep"] < 0.1, shares
 
 
