@@ -142,6 +142,7 @@ class Config:
     def __init__(self, name: str, model: Model, group=None, bucket_cap_mb=None, ddp=True,
                  bucket_view=False, hook=None, algorithm=None):
         self.name, self.model, self.group, self.algorithm = name, model, group, algorithm
+        self.bucket_view, self.hook = bucket_view, hook  # as given (bench/ddp_pace_ab.py's twins)
         self.module = copy.deepcopy(model.module)
         self.net = (DDP(self.module, process_group=group, bucket_cap_mb=bucket_cap_mb,
                         gradient_as_bucket_view=bucket_view) if ddp else self.module)

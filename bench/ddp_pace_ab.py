@@ -35,12 +35,9 @@ class NoIdle(ddp.Config):
 
 def configs_for(model, gloo, bucket_view=False, rows=ddp.DDP_ROWS):
     cfgs, note = _configs_for(model, gloo, bucket_view, rows)
-    twins = []
-    for c in cfgs:
-        if c.name.startswith("commlib"):
-            hook = ddp.commlib.torch_backend.allreduce_avg_hook if "avg" in c.name else None
-            twins.append(NoIdle(c.name + SUFFIX, model, bucket_cap_mb=c.bucket_cap_mb,
-                                bucket_view=bucket_view, hook=hook))
+    twins = [NoIdle(c.name + SUFFIX, model, bucket_cap_mb=c.bucket_cap_mb,
+                    bucket_view=c.bucket_view, hook=c.hook)
+             for c in cfgs if c.name.startswith("commlib")]
     return cfgs + twins, note
 
 

@@ -103,8 +103,8 @@ print(json.dumps(shares))
 
 def test_others_busy_tells_a_computing_caller_from_a_waiting_one():
     """The share of a core the other threads used, measured from a second thread as the progress
-    thread does: most of a core while the main thread computes, near none while it sleeps (in a fresh
-    process: no thread of an earlier test counts)."""
+    thread does: most of a core while the main thread computes, near none while it sleeps (in a
+    fresh process: no thread of an earlier test counts)."""
     proc = run_cmd([sys.executable, "-c", _SHARES], timeout=60)
     shares = json.loads(proc.stdout.strip().splitlines()[-1])
     assert shares["compute"] > 0.3, shares  # well above IDLE_SHARE, even on a busy host

@@ -543,7 +543,7 @@ class _Progress:
         interval = lo
         moved = _clock()  # when an operation was last issued or advanced
         lane = self.lane
-        others = _OthersBusy()
+        others = _OthersBusy() if fast < hi else None  # a lane with one pace needs no signal
         while not self._stop:
             pending = tuple(w for w in _PENDING if w._lane == lane)
             if not pending:
@@ -566,7 +566,8 @@ class _Progress:
             for w in pending:
                 w._expire_if_late(now)
             _idle(pending[0], interval)
-            interval = next_pause(interval, fast, hi, now - moved, others.share())
+            busy = others.share() if others is not None else 1.0
+            interval = next_pause(interval, fast, hi, now - moved, busy)
 
     def stop(self) -> None:
         thread = self._thread
