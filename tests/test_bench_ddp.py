@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from test_bench import bench
 
 TINY = ["--mlp-width", "64", "--mlp-layers", "3", "--mlp-batch", "4", "--tf-dim", "32",
@@ -86,15 +88,33 @@ def test_ddp_trace_with_ddps_default_buckets_and_a_bad_size():
         bad.stderr
 
 
-def test_ddp_pace_ab_runs_each_commlib_row_twice():
-    """bench/ddp_pace_ab.py: each commlib row asked for and its ``-noidle`` twin (the idle
-    signal off) in the same rounds, both checked against gloo, and one paired line per twin."""
-    proc = bench(2, "ddp_pace_ab", "--models", "mlp", *TINY, "--rows", "commlib,commlib-avg")
+@pytest.mark.parametrize("off,suffix", [("idle", "-noidle"), ("nap", "-spin")])
+def test_ddp_pace_ab_runs_each_commlib_row_twice(off, suffix):
+    """bench/ddp_pace_ab.py: each commlib row asked for and its twin with the rule ``--off`` in
+    the same rounds, both checked against gloo, and one paired line per twin."""
+    proc = bench(2, "ddp_pace_ab", "--models", "mlp", *TINY, "--rows", "commlib,commlib-avg",
+                 "--off", off)
     rows = [line.split("|")[0].strip() for line in proc.stdout.splitlines()
             if "|" in line and not line.startswith("#")]
-    assert rows == ["commlib", "commlib-avg", "gloo", "compute", "commlib-noidle",
-                    "commlib-avg-noidle"], proc.stdout
+    assert rows == ["commlib", "commlib-avg", "gloo", "compute", "commlib" + suffix,
+                    "commlib-avg" + suffix], proc.stdout
     assert ": 0 OK" in proc.stdout, proc.stdout
     for name in ("commlib", "commlib-avg"):
-        assert f"# mlp {name}: noidle/idle median " in proc.stdout, proc.stdout
-        assert "idle faster in " in proc.stdout and " of 2 rounds" in proc.stdout, proc.stdout
+        assert f"# mlp {name}: {suffix[1:]}/{off} median " in proc.stdout, proc.stdout
+        assert f"{off} faster in " in proc.stdout and " of 2 rounds" in proc.stdout, proc.stdout
+
+
+def test_wait_cpu_gives_each_row_its_wall_and_cpu_time():
+    """bench/wait_cpu.py: gloo, commlib and commlib with the endless spin, blocking and
+    asynchronous, each with a wall and a CPU time per iteration, and each commlib row against
+    gloo's."""
+    proc = bench(2, "wait_cpu", "--sizes", "0.25,0.5", "--iters", "1", "--rounds", "2")
+    table = {line.split("|")[0].strip(): [float(x) for x in line.split("|")[1:]]
+             for line in proc.stdout.splitlines() if "|" in line and not line.startswith("#")}
+    assert list(table) == [f"{name}-{how}" for name in ("gloo", "commlib", "commlib-spin")
+                           for how in ("blocking", "async")], proc.stdout
+    for name, (wall, cpu, share) in table.items():
+        assert wall > 0 and cpu >= 0, (name, proc.stdout)  # the share from unrounded times:
+        assert share == pytest.approx(cpu / wall, rel=0.05, abs=0.02), (name, proc.stdout)
+    for name in list(table)[2:]:
+        assert f"# {name}: CPU " in proc.stdout and "x gloo's, wall " in proc.stdout, proc.stdout

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import MPI_DIR, run_cmd
+from conftest import MPI_DIR, run_cmd, run_mpi_hosts
 from test_torch_backend import run_torch
 
 import commlib
@@ -109,6 +109,15 @@ def test_others_busy_tells_a_computing_caller_from_a_waiting_one():
     shares = json.loads(proc.stdout.strip().splitlines()[-1])
     assert shares["compute"] > 0.3, shares  # well above IDLE_SHARE, even on a busy host
     assert shares["sleep"] < 0.1, shares
+
+
+def test_a_wait_across_hosts_naps_instead_of_taking_the_core():
+    """Two virtual hosts, one rank each (tests/mpi/wait_cases.py): a rank waiting a second for a
+    late peer in a blocking or an asynchronous all-reduce uses under a fifth of its core's time,
+    and over 0.4 with the nap turned off (the negative control); both sums exact."""
+    proc = run_mpi_hosts(["a", "b"], "wait_cases.py", timeout=120)
+    for case in ("case_a_wait_across_hosts_naps", "case_b_endless_spin_takes_the_core"):
+        assert f"ok {case} (world size 2)" in proc.stdout, proc.stdout
 
 
 def test_set_progress_rejects_unknown_modes():

@@ -300,7 +300,9 @@ OPTIONS: dict[str, Option] = {
                "pushes its fragments only inside progress calls: with 1 ms pauses throughout, "
                "a DDP bucket of 1.25 MiB took twice as long across 1 Gb/s links, while 100 us "
                "throughout took a tenth of the hidden share from a 16 MiB all-reduce beside "
-               "compute (docs/torch-backend-bench.md)."),
+               "compute (docs/torch-backend-bench.md). Also the pause between the polls of a "
+               "caller waiting on such a group once it has waited 1 ms (`WAIT_SPIN_S`): it sleeps "
+               "instead of spinning a core (docs/overlap.md)."),
         Option("shm_spin", None, _parse_optional_int,
                "Polls a rank waiting on shared memory spins before it yields its core. Default: "
                "2000 (about 50 us), or 50 when the group's ranks outnumber the cores."),

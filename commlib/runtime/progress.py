@@ -85,6 +85,13 @@ FAST_WINDOW_S = 0.010
 # caller is waiting for the communication (DDP's reducer once the backward has ended), not
 # computing, so the fast pace takes nothing from the compute.
 IDLE_SHARE = 0.1
+# A caller waiting on an operation of a group across hosts polls without pause for this long, then
+# sleeps the remote lane's fast pace (``COMMLIB_PROGRESS_REMOTE_FAST_US``) between polls: an
+# operation that takes longer is moving bytes over the network, and MPI's polls (epoll, a recv into
+# its buffer) then only burn the core that the rank's other threads and the kernel's TCP work need.
+# Measured on 2 hosts x 1 rank at 1 Gb/s, 12 all-reduces of about 1 MiB (108 ms): 108 ms of CPU
+# per rank spinning, 21-28 ms napping, 11-15 ms on gloo (docs/overlap.md).
+WAIT_SPIN_S = 0.001
 
 # Outstanding asynchronous works of every group, in issue order.
 _PENDING: list["Work"] = []
@@ -166,7 +173,8 @@ def drive(gen, handles, group, what: str, seq: int, limit: float | None, me=None
 def _drive(gen, handles, group, what: str, seq: int, limit: float | None, me):
     backend = group.backend
     try:
-        if limit is None and not (_PENDING and any(w is not me for w in _PENDING)):
+        alone = not (_PENDING and any(w is not me for w in _PENDING))
+        if limit is None and alone and not wait_nap(group):
             while True:  # no deadline and nothing else to advance: block in the engine
                 backend.wait(handles)
                 if gen is None:
@@ -175,6 +183,8 @@ def _drive(gen, handles, group, what: str, seq: int, limit: float | None, me):
         deadline = None
         polls = 0
         test, idle = backend.test, backend.idle
+        nap = None  # wait_nap(group), read once this wait has polled a few times
+        napping, naps_from = False, 0.0
         while True:
             if test(handles):
                 if gen is None:
@@ -182,11 +192,11 @@ def _drive(gen, handles, group, what: str, seq: int, limit: float | None, me):
                 handles = gen.send(None)
                 continue
             polls += 1
-            if _PENDING:
-                for other in tuple(_PENDING):
+            if _PENDING and not (napping and polls & 3):  # napping: every 4th nap (MPI's
+                for other in tuple(_PENDING):             # progress is the process's own)
                     if other is not me:
                         other._advance()
-            if polls & 3:
+            if polls & 3 and not napping:
                 continue  # poll again at once: a handoff between ranks takes under a microsecond
             if polls & 63 == 0 and limit is not None:
                 if getattr(backend, "local_only", False):
@@ -200,14 +210,33 @@ def _drive(gen, handles, group, what: str, seq: int, limit: float | None, me):
             # Every 4th poll, block in the engine where it can wait without spinning, else give
             # the core away: when ranks outnumber cores, the peer this rank waits for may need it
             # (measured: yielding every poll costs ~4% at 64 KiB, never yielding costs 500x when
-            # oversubscribed).
-            if not idle(handles, _IDLE_S):
+            # oversubscribed). Across hosts, past WAIT_SPIN_S, sleep between polls instead.
+            if idle(handles, _IDLE_S):
+                continue
+            if not napping:
+                if nap is None:
+                    nap, naps_from = wait_nap(group), _clock() + WAIT_SPIN_S
+                elif nap and _clock() >= naps_from:
+                    napping = True
+            if napping:
+                time.sleep(nap)
+            else:
                 _yield()
     except StopIteration as done:
         return done.value
     except BaseException as exc:
         _ABANDONED.append((gen, handles))
         raise_engine_failure(exc, group, what, seq)
+
+
+def wait_nap(group) -> float:
+    """The pause between a waiting caller's polls past :data:`WAIT_SPIN_S`: the remote lane's fast
+    pace for a group across hosts on an engine driven from any thread (MPI), else 0 (spin and
+    yield: on one host the peers' progress is the cores' own work, and the GPU engines wait on
+    their device)."""
+    if not (group.backend.progress_in_thread and _group_facts(group)[0]):
+        return 0.0
+    return min(config.get("progress_remote_fast_us"), config.get("progress_max_us")) * 1e-6
 
 
 def _one_step(handles):
@@ -661,6 +690,12 @@ def lane_of(group) -> str | None:
     only. The group's facts are read once and kept in its resources."""
     if _PROGRESS.mode == "wait" or not group.backend.progress_in_thread:
         return None
+    return choose_lane(_PROGRESS.mode, *_group_facts(group))
+
+
+def _group_facts(group) -> tuple[bool, int, int]:
+    """(spans hosts, the world's ranks on this host, this process's cores) for ``group``, read
+    once and kept in its resources."""
     facts = group.resources.state.get("progress_facts") if group.resources else None
     if facts is None:
         layout = getattr(group.resources, "layout", None)
@@ -668,7 +703,7 @@ def lane_of(group) -> str | None:
                  host_cpu_count())
         if group.resources is not None:
             group.resources.state["progress_facts"] = facts
-    return choose_lane(_PROGRESS.mode, *facts)
+    return facts
 
 
 def overlaps(group) -> bool:
