@@ -413,6 +413,13 @@ def run_model(model: Model, gloo, args, out, cpu: CpuGate, copies: CopyGate) -> 
             "grad_bytes": model.grad_bytes, "tuned": note, "rows": rows}
 
 
+def rounds_won(result: dict, row: dict) -> str:
+    """'k of n': the rounds in which ``row``'s step was faster than gloo's (a tie at the link
+    reads as about half of them)."""
+    gloo = next(x for x in result["rows"] if x["config"] == "gloo")["rounds_s"]
+    return f"{sum(g > s for g, s in zip(gloo, row['rounds_s']))} of {len(gloo)}"
+
+
 def goals(results: list[dict], hosts: int) -> list[str]:
     """The issue's goals as PASS/MISS lines (no assert: the numbers are the host's too)."""
     def commlib_rows(r):
@@ -430,11 +437,12 @@ def goals(results: list[dict], hosts: int) -> list[str]:
     else:
         lines.append(f"# goal: commlib >= {GOAL_SPEEDUP}x faster than gloo (one host, comm-heavy "
                      f"model): n/a ({'across hosts' if hosts > 1 else 'no mlp run'})")
-    worst = min(((x["gloo_over_this"], f"{r['model']} {x['config']}")
+    worst = min(((x["gloo_over_this"], f"{r['model']} {x['config']}", rounds_won(r, x))
                  for r in results for x in commlib_rows(r)), default=None)
     if worst:
         lines.append(f"# goal: not slower than gloo anywhere: worst gloo/commlib {worst[0]:.2f}x "
-                     f"({worst[1]}) {'PASS' if worst[0] >= 1.0 else 'MISS'}")
+                     f"({worst[1]}, faster than gloo in {worst[2]} rounds) "
+                     f"{'PASS' if worst[0] >= 1.0 else 'MISS'}")
     if hosts > 1:
         # every commlib row on its own: with DDP's default buckets the last, largest bucket is
         # issued when the backward ends, so there only the first (1 MiB) one can hide

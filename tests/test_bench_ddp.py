@@ -5,6 +5,7 @@ parameters agree with gloo's (#wrong 0)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -23,6 +24,8 @@ def test_ddp_bench_runs_and_checks(tmp_path):
     for line in ("# goal: commlib >= 1.5x faster than gloo", "# goal: not slower than gloo",
                  "# goal: on the vcluster >= 60% hidden: n/a (one host)", "# slow phases: waited"):
         assert line in text, text
+    assert re.search(r"# goal: not slower than gloo anywhere: worst gloo/commlib [0-9.]+x "
+                     r"\(\w+ [\w-]+, faster than gloo in [0-2] of 2 rounds\)", text), text
     doc = json.loads(out.read_text())
     assert doc["nranks"] == 2 and doc["hosts"] == 1 and doc["wrong_total"] == 0
     assert [m["model"] for m in doc["models"]] == ["mlp", "transformer"]

@@ -89,8 +89,9 @@ IDLE_SHARE = 0.1
 # sleeps the remote lane's fast pace (``COMMLIB_PROGRESS_REMOTE_FAST_US``) between polls: an
 # operation that takes longer is moving bytes over the network, and MPI's polls (epoll, a recv into
 # its buffer) then only burn the core that the rank's other threads and the kernel's TCP work need.
-# Measured on 2 hosts x 1 rank at 1 Gb/s, 12 all-reduces of about 1 MiB (108 ms): 108 ms of CPU
-# per rank spinning, 21-28 ms napping, 11-15 ms on gloo (docs/overlap.md).
+# Measured on 2 hosts x 1 rank at 1 Gb/s, 12 all-reduces of about 1 MiB (108 ms): 107-108 ms of
+# CPU per rank spinning, 34-44 ms napping, 13-18 ms on gloo (bench/wait_cpu.py, docs/overlap.md).
+# (With no timeout, COMMLIB_TIMEOUT=0, a lone wait blocks in the engine: MPI_Wait, which spins.)
 WAIT_SPIN_S = 0.001
 
 # Outstanding asynchronous works of every group, in issue order.
@@ -173,8 +174,7 @@ def drive(gen, handles, group, what: str, seq: int, limit: float | None, me=None
 def _drive(gen, handles, group, what: str, seq: int, limit: float | None, me):
     backend = group.backend
     try:
-        alone = not (_PENDING and any(w is not me for w in _PENDING))
-        if limit is None and alone and not wait_nap(group):
+        if limit is None and not (_PENDING and any(w is not me for w in _PENDING)):
             while True:  # no deadline and nothing else to advance: block in the engine
                 backend.wait(handles)
                 if gen is None:
