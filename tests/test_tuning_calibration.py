@@ -93,6 +93,7 @@ def test_calibrate_writes_a_file_the_model_reads(tmp_path):
     # every algorithm eligible on 2 ranks of one host: the engine's, the shared-memory ones (the
     # group has a segment) and the point-to-point ones; not hierarchical (one host)
     assert set(table.curves["all_reduce"]) == {"native", "shm_oneshot", "shm_twoshot", "ring",
+                                               "pipelined_doubling",
                                                "recursive_doubling", "rabenseifner", "binomial"}
     assert set(table.curves["broadcast"]) == {"native", "shm", "binomial"}
     # measured times grow with size: 64 MiB takes longer than 8 B for every one

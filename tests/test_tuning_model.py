@@ -50,6 +50,7 @@ def test_predictions_are_sorted_and_native_falls_back_to_the_best_formula():
     native = [p for p in preds if p.algorithm == "native"][0]
     assert native.how == "formula (recursive_doubling)"
     assert set(cost_names("all_reduce")) == {"ring", "recursive_doubling", "rabenseifner", "binomial",
+                                             "pipelined_doubling",
                                              "shm_oneshot", "shm_twoshot"}
     # shared-memory algorithms run only where a group has a segment: listed only when asked
     assert not {p.algorithm for p in preds} & {"shm_oneshot", "shm_twoshot"}

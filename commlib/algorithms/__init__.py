@@ -6,6 +6,7 @@ from . import (  # noqa: F401  (each module registers its algorithms)
     cuda_ipc,
     hierarchical,
     native,
+    pipelined_doubling,
     rabenseifner,
     recursive_doubling,
     ring,

@@ -151,7 +151,11 @@ def _local_table(backend: str, size: int, layout) -> tuple[Table, str, int]:
             if intra is not None:
                 table.link = intra.link
                 source += f"; intra-host link from entry {entry_key(backend, per_host)}"
-        table.inter = link_from_json(links["net"]) if "net" in links else DEFAULT_LINKS["net"]
+        if "net" in links:
+            table.inter = link_from_json(links["net"])
+        else:  # the NIC's defaults; the ranks still reduce on this host's cores (its γ)
+            net = DEFAULT_LINKS["net"]
+            table.inter = LinkCost(net.alpha, net.beta, table.link.gamma)
         if "net_rails" in links:
             table.shard_inter = link_from_json(links["net_rails"])
         else:  # every local rank's shard crosses at once: they share the hosts' links

@@ -143,6 +143,43 @@ def case_async():
         assert close(b, reference(inp, "SUM", torch.float64)), a
 
 
+def case_pipelined_doubling_in_chunks():
+    """pipelined_doubling with 16-byte chunks (so every count above 4 floats is cut): bitwise
+    recursive doubling's result for every dtype and op, and log2(p) x chunks messages per rank
+    (the fold's as recursive doubling's)."""
+    from commlib.algorithms import pipelined_doubling as pd
+
+    r, n = commlib.get_rank(), commlib.get_world_size()
+    saved = pd.CHUNK_BYTES
+    pd.CHUNK_BYTES = 16
+    try:
+        for dtype in DTYPES:
+            for op in OPS_FLOAT if dtype.is_floating_point else OPS_INT:
+                for count in counts(n):
+                    x = data(r, count, dtype, op)
+                    a, b = x.clone(), x.clone()
+                    commlib.all_reduce(a, op=op, algorithm="pipelined_doubling")
+                    commlib.all_reduce(b, op=op, algorithm="recursive_doubling")
+                    assert torch.equal(a, b), (dtype, op, count, a, b)
+        commlib.barrier()
+        for m in (60, 0):
+            c = Counting(commlib.get_world_group().backend)
+            x = torch.full((m,), r + 1.0)
+            drive(c, get_algorithm("all_reduce", "pipelined_doubling"), x)
+            assert torch.equal(x, torch.full((m,), n * (n + 1) / 2)), x
+            chunks = pd.chunk_count(m * 4)
+            assert chunks == (min(pd.MAX_CHUNKS, 15) if m else 1), chunks
+            p2 = 1 << (n.bit_length() - 1)
+            rem, log2 = n - p2, p2.bit_length() - 1
+            if r < 2 * rem and r % 2 == 0:  # folded out: its buffer in, the result back
+                want = 1
+            else:
+                want = log2 * chunks + (r < 2 * rem)
+            assert c.sends == want, (m, c.sends, want)
+    finally:
+        pd.CHUNK_BYTES = saved
+
+
 # ----- message pattern ------------------------------------------------------------------------
 class Counting:
     """A backend that forwards to the real one and counts this rank's sends and their elements."""
