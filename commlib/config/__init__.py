@@ -195,7 +195,8 @@ OPTIONS: dict[str, Option] = {
                "`mpi`; launched by torchrun -> `torch`; otherwise one process, `self`)."),
         Option("algo", None, _parse_algo,
                "Force one algorithm for every collective that has it (`native`, `ring`, "
-               "`recursive_doubling`, `rabenseifner`, `binomial`, `hierarchical`, `shm_oneshot`, "
+               "`recursive_doubling`, `pipelined_doubling`, `rabenseifner`, `binomial`, `hierarchical`, "
+               "`shm_oneshot`, "
                "`shm_twoshot`, `shm`, `cuda_ipc_oneshot`, `cuda_ipc_twoshot`); collectives "
                "without it keep the automatic choice (the cost "
                "model). The `algorithm=` keyword of a call wins over it."),
