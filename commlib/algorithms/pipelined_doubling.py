@@ -6,7 +6,8 @@ chunk's reduction is not hidden behind the transfer, where plain recursive doubl
 whole buffer after it. At 2 ranks (and between two hosts' leaders) this is the bandwidth optimum in
 one phase: each rank sends its whole buffer once, the bytes of the ring's two halves, without the
 ring's stop between them. Measured on 2 hosts x 1 rank at 1 Gb/s for DDP's last bucket (11.05
-MiB): gloo 97.2-97.8 ms, commlib's recursive doubling and ring 100.2-101.4, MPI's own 103.4-104.0
+MiB, bench/all_reduce.py --compare): this algorithm 96.9-97.3 ms, gloo 97.0-97.8, recursive
+doubling 100.6-102.0, the ring 101.4, MPI's own 99.8-104.0
 (bench/results/all_reduce_11MiB_vcluster_2x1.txt). Beyond 2 ranks each rank sends log2(p) whole
 buffers, and the cost model prefers the ring there for large messages.
 

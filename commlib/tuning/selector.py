@@ -237,7 +237,10 @@ def predictions(call: Call, size: int, res, model: GroupModel, widen: int = 1) -
     rest = [n for n in names if n not in own]
     upcast = []
     if rest:
-        cast = 2 * widen * nbytes * (table.shm or table.link).beta
+        # two passes over the wide copy at the copy cost; where the fit found none (β clamped to
+        # 0 on noisy small sizes), at the reduce pass's cost, which reads and writes as a cast does
+        link = table.shm or table.link
+        cast = 2 * widen * nbytes * (link.beta or link.gamma)
         upcast = [Prediction(x.algorithm, x.seconds + cast, x.how + f" (x{widen} upcast)")
                   for x in predict(collective, widen * nbytes, size, table, rest)]
     return predict(collective, nbytes, size, table, own, extra=upcast)
