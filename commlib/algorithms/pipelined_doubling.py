@@ -17,12 +17,9 @@ chunk by chunk. Non-power-of-two sizes fold as recursive doubling does (``_fold`
 
 from __future__ import annotations
 
-import torch
-
-from ..kernels import reduce_
-from . import _fold
 from .costs import doubling_shape
-from .registry import chunk_bounds, register_algorithm
+from .recursive_doubling import all_reduce_steps
+from .registry import register_algorithm
 
 # An exchange is cut into chunks of at least CHUNK_BYTES, at most MAX_CHUNKS of them: a chunk's
 # reduction (about 0.2 ms per MiB here) then hides behind the next one's transfer, and each extra
@@ -46,21 +43,4 @@ def _all_reduce_cost(p, n, link):
 
 @register_algorithm("pipelined_doubling", "all_reduce", cost=_all_reduce_cost)
 def all_reduce(ctx, buf):
-    flat = buf.view(-1)
-    p2, rem = _fold.shape(ctx.size)
-    yield from _fold.fold_in(ctx, flat, rem)
-    me = _fold.new_rank(ctx.rank, rem)
-    if me >= 0:
-        tmp = torch.empty_like(flat)
-        bounds = chunk_bounds(flat.numel(), chunk_count(flat.numel() * flat.element_size()))
-        chunks = [slice(a, b) for a, b in zip(bounds, bounds[1:])]
-        mask = 1
-        while mask < p2:
-            peer = _fold.real_rank(me ^ mask, rem)
-            sends = [ctx.isend(flat[c], peer) for c in chunks]
-            recvs = [ctx.irecv(tmp[c], peer) for c in chunks]
-            for c, send, recv in zip(chunks, sends, recvs):
-                yield [send, recv]  # its copy has left: the chunk may be overwritten
-                reduce_(flat[c], tmp[c], ctx.op)  # IEEE + and * commute: both get the same bits
-            mask <<= 1
-    yield from _fold.fold_out(ctx, flat, rem)
+    yield from all_reduce_steps(ctx, buf, chunk_count(buf.numel() * buf.element_size()))

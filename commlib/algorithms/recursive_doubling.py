@@ -17,7 +17,7 @@ import torch
 from ..kernels import reduce_
 from . import _fold
 from .costs import doubling_shape, halving
-from .registry import register_algorithm
+from .registry import chunk_bounds, register_algorithm
 
 
 def all_gather_steps(ctx, flat, bounds, me, rem):
@@ -47,21 +47,33 @@ def _all_gather_cost(p, n, link):
     return halving(k, n, link) + f * (link.step(n / p) + link.step(n))
 
 
-@register_algorithm("recursive_doubling", "all_reduce", cost=_all_reduce_cost, prices_native=True)
-def all_reduce(ctx, buf):
+def all_reduce_steps(ctx, buf, parts: int = 1):
+    """The doubling all-reduce with each exchange cut into ``parts`` chunks, all posted at once,
+    each reduced as soon as it has arrived and this rank's copy of it has left (one chunk: plain
+    recursive doubling; more: ``pipelined_doubling``)."""
     flat = buf.view(-1)
     p2, rem = _fold.shape(ctx.size)
     yield from _fold.fold_in(ctx, flat, rem)
     me = _fold.new_rank(ctx.rank, rem)
     if me >= 0:
         tmp = torch.empty_like(flat)
+        bounds = chunk_bounds(flat.numel(), parts)
+        chunks = [slice(a, b) for a, b in zip(bounds, bounds[1:])]
         mask = 1
         while mask < p2:
             peer = _fold.real_rank(me ^ mask, rem)
-            yield [ctx.isend(flat, peer), ctx.irecv(tmp, peer)]
-            reduce_(flat, tmp, ctx.op)  # IEEE + and * commute: both partners get the same bits
+            sends = [ctx.isend(flat[c], peer) for c in chunks]
+            recvs = [ctx.irecv(tmp[c], peer) for c in chunks]
+            for c, send, recv in zip(chunks, sends, recvs):
+                yield [send, recv]  # its copy has left: the chunk may be overwritten
+                reduce_(flat[c], tmp[c], ctx.op)  # IEEE + and * commute: both get the same bits
             mask <<= 1
     yield from _fold.fold_out(ctx, flat, rem)
+
+
+@register_algorithm("recursive_doubling", "all_reduce", cost=_all_reduce_cost, prices_native=True)
+def all_reduce(ctx, buf):
+    yield from all_reduce_steps(ctx, buf)
 
 
 @register_algorithm("recursive_doubling", "all_gather", cost=_all_gather_cost, prices_native=True)
