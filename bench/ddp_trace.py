@@ -23,7 +23,14 @@ where the group allows: across hosts) and ``int8-call``, the same run in the hoo
   before the last bucket's issue, while the backward was still computing (for a hook that
   completes in the call, ``int8-call`` and every row on one host with no core free, the backward
   waited meanwhile: there it is not time hidden);
+* ``last``: the last bucket's all-reduce, issue to done, on the rank that issued it last (the
+  least over ranks: the others had posted theirs, so this is the transfer, not the ranks' skew);
+  the median over steps;
 * ``step``: the whole step, ``zero_grad`` to the optimizer's update.
+
+The configurations take turns step by step (the order rotating, bench/ddp.py's
+:func:`~ddp.order_of`), so the host's slow phases fall on all alike, and the last lines give, per
+DDP row, the median over steps of gloo's step time over the row's and the steps it was faster in.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 import commlib.compress
 import commlib.torch_backend
 from _harness import rank0_out
-from ddp import MODELS, Config, add_model_args, start
+from ddp import MODELS, Config, add_model_args, order_of, start
 
 COMM = MPI.COMM_WORLD
 
@@ -78,13 +85,14 @@ class Traced(Config):
         t2 = time.perf_counter()
         self.opt.step()
         t3 = time.perf_counter()
-        row = {"step": t3 - t0, "backward": t2 - t1, "tail": 0.0, "overlapped": None,
-               "buckets": len(self.events)}
+        row = {"step": t3 - t0, "backward": t2 - t1, "tail": 0.0, "last": None,
+               "overlapped": None, "buckets": len(self.events)}
         if self.events:
-            last = max(e[1] for e in self.events)
+            _, last, done = max(self.events, key=lambda e: e[1])
             comm = sum(d - i for _, i, d in self.events)
             before = sum(max(0.0, min(d, last) - i) for _, i, d in self.events)
-            row.update(backward=last - t1, tail=t2 - last, overlapped=before / comm)
+            row.update(backward=last - t1, tail=t2 - last, last=done - last,
+                       overlapped=before / comm)
         return row
 
 
@@ -139,24 +147,37 @@ def main(argv=None) -> int:
                          for name, overlap in (("int8", "auto"), ("int8-call", False))]
         out(f"# {m}: {model.what}; {model.grad_bytes / 2**20:.1f} MiB of gradients; "
             f"bucket_cap_mb {'DDP default' if cap is None else f'{cap:.3g}'}")
-        out(f"# {'config':>9} | {'step':>7} | {'backward':>8} | {'tail':>6} | {'overlapped':>10} | "
-            f"buckets")
+        out(f"# {'config':>9} | {'step':>7} | {'backward':>8} | {'tail':>6} | {'last':>6} | "
+            f"{'overlapped':>10} | buckets")
         for c in cfgs:
             for _ in range(4):  # warm-up: DDP rebuilds its buckets at its third step
                 c.step()
-            rows = []
-            for _ in range(args.steps):
+        names = [c.name for c in cfgs]
+        rows: dict[str, list[dict]] = {name: [] for name in names}
+        for k in range(args.steps):  # the configurations take turns, step by step
+            for c in (cfgs[names.index(name)] for name in order_of(k, names)):
                 COMM.Barrier()
-                rows.append(c.step())
-            # the slowest rank's value of each step, then the median over steps
-            keys = ("step", "backward", "tail")
-            med = {k: statistics.median(COMM.allreduce(r[k], op=MPI.MAX) for r in rows)
-                   for k in keys}
-            over = [r["overlapped"] for r in rows if r["overlapped"] is not None]
+                rows[c.name].append(c.step())
+        slowest = {name: [COMM.allreduce(r["step"], op=MPI.MAX) for r in rows[name]]
+                   for name in names}
+        for c in cfgs:
+            mine = rows[c.name]
+            # the slowest rank's value of each step (the last bucket: the least), the median
+            med = {k: statistics.median(COMM.allreduce(r[k], op=MPI.MAX) for r in mine)
+                   for k in ("backward", "tail")}
+            med["step"] = statistics.median(slowest[c.name])
+            last = (statistics.median(COMM.allreduce(r["last"], op=MPI.MIN) for r in mine)
+                    if mine[0]["last"] is not None else None)
+            over = [r["overlapped"] for r in mine if r["overlapped"] is not None]
             share = statistics.median(COMM.allgather(statistics.median(over))) if over else None
             out(f"  {c.name:>9} | {med['step'] * 1e3:7.1f} | {med['backward'] * 1e3:8.1f} | "
-                f"{med['tail'] * 1e3:6.1f} | "
-                f"{'-' if share is None else f'{100 * share:.0f}%':>10} | {rows[-1]['buckets']}")
+                f"{med['tail'] * 1e3:6.1f} | {'-' if last is None else f'{last * 1e3:.1f}':>6} | "
+                f"{'-' if share is None else f'{100 * share:.0f}%':>10} | {mine[-1]['buckets']}")
+        for name in names:
+            if name not in ("gloo", "compute"):
+                ratios = [g / s for g, s in zip(slowest["gloo"], slowest[name])]
+                out(f"# {m} {name}: gloo/{name} step median {statistics.median(ratios):.3f}, "
+                    f"{name} faster in {sum(r > 1 for r in ratios)} of {len(ratios)} steps")
     COMM.Barrier()
     dist.destroy_process_group()
     commlib.finalize()

@@ -60,21 +60,28 @@ def test_ddp_bench_runs_the_rows_asked_for():
 
 def test_ddp_trace_reports_each_configuration():
     """bench/ddp_trace.py at 2 ranks on tiny models: a row per configuration (commlib's
-    compressed hook too) whose times are consistent (the backward and the tail fit in the step),
-    DDP rows with buckets and an overlapped share, the compute row with neither."""
+    compressed hook too) whose times are consistent (the backward and the tail fit in the step,
+    the last bucket's all-reduce within the step), DDP rows with buckets and an overlapped share,
+    the compute row with none, and each DDP row's steps paired with gloo's."""
     tiny = TINY[:TINY.index("--rounds")]  # the models' options; the trace has no rounds
     proc = bench(2, "ddp_trace", "--models", "mlp,transformer", *tiny, "--steps", "2", "--int8")
     names = ["commlib", "int8", "int8-call", "gloo", "compute"]
     rows = [line.split("|") for line in proc.stdout.splitlines()
             if line.strip().split(" ")[0] in names]
     assert [r[0].strip() for r in rows] == names * 2, proc.stdout
-    for name, step, backward, tail, overlapped, buckets in ([c.strip() for c in r] for r in rows):
+    for name, step, backward, tail, last, overlapped, buckets in ([c.strip() for c in r]
+                                                                  for r in rows):
         step, backward, tail = float(step), float(backward), float(tail)
         assert 0 < backward and 0 <= tail and backward + tail <= step, (name, proc.stdout)
         if name == "compute":
-            assert overlapped == "-" and buckets == "0" and tail == 0, proc.stdout
+            assert overlapped == last == "-" and buckets == "0" and tail == 0, proc.stdout
         else:
             assert 0 <= int(overlapped.rstrip("%")) <= 100 and int(buckets) >= 1, proc.stdout
+            assert 0 < float(last) < step, (name, proc.stdout)
+    for model in ("mlp", "transformer"):  # the steps' pairs with gloo's, one line per DDP row
+        for name in ("commlib", "int8", "int8-call"):
+            assert f"# {model} {name}: gloo/{name} step median " in proc.stdout, proc.stdout
+            assert f"{name} faster in " in proc.stdout and " of 2 steps" in proc.stdout
 
 
 def test_ddp_trace_with_ddps_default_buckets_and_a_bad_size():

@@ -93,6 +93,13 @@ IDLE_SHARE = 0.1
 # CPU per rank spinning, 34-44 ms napping, 13-18 ms on gloo (bench/wait_cpu.py, docs/overlap.md).
 # (With no timeout, COMMLIB_TIMEOUT=0, a lone wait blocks in the engine: MPI_Wait, which spins.)
 WAIT_SPIN_S = 0.001
+# Linux wakes a sleeping thread up to its timer slack late (50 µs by default) so that wake-ups
+# coalesce: a 100 µs pause took 156 µs. Across hosts that pace is what moves MPI's bytes while
+# DDP's reducer waits for its last bucket (MPI over TCP pushes data only inside calls): 11.05 MiB
+# at 1 Gb/s took 108-112 ms there against gloo's 97-100, 103-104 with this slack
+# (docs/torch-backend-bench.md). The progress threads set it for themselves only.
+TIMER_SLACK_NS = 1000
+_PR_SET_TIMERSLACK, _PR_GET_TIMERSLACK = 29, 30
 
 # Outstanding asynchronous works of every group, in issue order.
 _PENDING: list["Work"] = []
@@ -513,6 +520,19 @@ class _Callbacks:
 _CALLBACKS = _Callbacks()
 
 
+def set_timer_slack(ns: int) -> int | None:
+    """Set the calling thread's timer slack to ``ns`` nanoseconds (Linux ``prctl``); the slack
+    the kernel then reports for the thread, or None where there is no ``prctl``."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_TIMERSLACK, ctypes.c_ulong(ns), 0, 0, 0)
+        slack = libc.prctl(_PR_GET_TIMERSLACK, 0, 0, 0, 0)
+    except (OSError, AttributeError):
+        return None
+    return slack if slack >= 0 else None
+
+
 def _idle(work: Work, seconds: float) -> None:
     """Wait up to ``seconds`` for ``work`` to make progress, always blocking, never spinning: in
     the engine where its pending handle can wait that way (``wait_for``: a shared-memory step
@@ -541,6 +561,7 @@ class _Progress:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._stop = False
+        self.timer_slack_ns: int | None = None  # the thread's, once it runs (TIMER_SLACK_NS)
 
     def kick(self) -> None:
         if self._thread is None:
@@ -568,6 +589,7 @@ class _Progress:
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
             except OSError:
                 pass
+        self.timer_slack_ns = set_timer_slack(TIMER_SLACK_NS)  # its pauses as asked
         lo, fast, hi = self.pauses()
         interval = lo
         moved = _clock()  # when an operation was last issued or advanced
