@@ -26,7 +26,10 @@ where the group allows: across hosts) and ``int8-call``, the same run in the hoo
 * ``last``: the last bucket's all-reduce, issue to done, on the rank that issued it last (the
   least over ranks: the others had posted theirs, so this is the transfer, not the ranks' skew);
   the median over steps;
-* ``step``: the whole step, ``zero_grad`` to the optimizer's update.
+* ``step``: the whole step, ``zero_grad`` to the optimizer's update;
+* ``cpu``: the CPU time the process used during the step, every thread (the caller's, commlib's
+  progress thread, gloo's) and the kernel's work on its behalf: on hosts whose cores all compute,
+  what the communication costs the compute.
 
 The configurations take turns step by step (the order rotating, bench/ddp.py's
 :func:`~ddp.order_of`), so the host's slow phases fall on all alike, and the last lines give, per
@@ -77,6 +80,7 @@ class Traced(Config):
 
     def step(self) -> dict:
         self.events.clear()
+        c0 = time.process_time()
         t0 = time.perf_counter()
         self.opt.zero_grad(set_to_none=False)
         loss = torch.nn.functional.mse_loss(self.net(self.model.x), self.model.y)
@@ -85,7 +89,8 @@ class Traced(Config):
         t2 = time.perf_counter()
         self.opt.step()
         t3 = time.perf_counter()
-        row = {"step": t3 - t0, "backward": t2 - t1, "tail": 0.0, "last": None,
+        row = {"step": t3 - t0, "cpu": time.process_time() - c0, "backward": t2 - t1,
+               "tail": 0.0, "last": None,
                "overlapped": None, "buckets": len(self.events)}
         if self.events:
             _, last, done = max(self.events, key=lambda e: e[1])
@@ -147,8 +152,8 @@ def main(argv=None) -> int:
                          for name, overlap in (("int8", "auto"), ("int8-call", False))]
         out(f"# {m}: {model.what}; {model.grad_bytes / 2**20:.1f} MiB of gradients; "
             f"bucket_cap_mb {'DDP default' if cap is None else f'{cap:.3g}'}")
-        out(f"# {'config':>9} | {'step':>7} | {'backward':>8} | {'tail':>6} | {'last':>6} | "
-            f"{'overlapped':>10} | buckets")
+        out(f"# {'config':>9} | {'step':>7} | {'cpu':>6} | {'backward':>8} | {'tail':>6} | "
+            f"{'last':>6} | {'overlapped':>10} | buckets")
         for c in cfgs:
             for _ in range(4):  # warm-up: DDP rebuilds its buckets at its third step
                 c.step()
@@ -164,13 +169,14 @@ def main(argv=None) -> int:
             mine = rows[c.name]
             # the slowest rank's value of each step (the last bucket: the least), the median
             med = {k: statistics.median(COMM.allreduce(r[k], op=MPI.MAX) for r in mine)
-                   for k in ("backward", "tail")}
+                   for k in ("cpu", "backward", "tail")}
             med["step"] = statistics.median(slowest[c.name])
             last = (statistics.median(COMM.allreduce(r["last"], op=MPI.MIN) for r in mine)
                     if mine[0]["last"] is not None else None)
             over = [r["overlapped"] for r in mine if r["overlapped"] is not None]
             share = statistics.median(COMM.allgather(statistics.median(over))) if over else None
-            out(f"  {c.name:>9} | {med['step'] * 1e3:7.1f} | {med['backward'] * 1e3:8.1f} | "
+            out(f"  {c.name:>9} | {med['step'] * 1e3:7.1f} | {med['cpu'] * 1e3:6.1f} | "
+                f"{med['backward'] * 1e3:8.1f} | "
                 f"{med['tail'] * 1e3:6.1f} | {'-' if last is None else f'{last * 1e3:.1f}':>6} | "
                 f"{'-' if share is None else f'{100 * share:.0f}%':>10} | {mine[-1]['buckets']}")
         for name in names:

@@ -69,10 +69,11 @@ def test_ddp_trace_reports_each_configuration():
     rows = [line.split("|") for line in proc.stdout.splitlines()
             if line.strip().split(" ")[0] in names]
     assert [r[0].strip() for r in rows] == names * 2, proc.stdout
-    for name, step, backward, tail, last, overlapped, buckets in ([c.strip() for c in r]
-                                                                  for r in rows):
+    for name, step, cpu, backward, tail, last, overlapped, buckets in ([c.strip() for c in r]
+                                                                       for r in rows):
         step, backward, tail = float(step), float(backward), float(tail)
         assert 0 < backward and 0 <= tail and backward + tail <= step, (name, proc.stdout)
+        assert float(cpu) > 0, (name, proc.stdout)  # the step computed: it took CPU time
         if name == "compute":
             assert overlapped == last == "-" and buckets == "0" and tail == 0, proc.stdout
         else:
