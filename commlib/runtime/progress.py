@@ -94,10 +94,10 @@ IDLE_SHARE = 0.1
 # (With no timeout, COMMLIB_TIMEOUT=0, a lone wait blocks in the engine: MPI_Wait, which spins.)
 WAIT_SPIN_S = 0.001
 # Linux wakes a sleeping thread up to its timer slack late (50 µs by default) so that wake-ups
-# coalesce: a 100 µs pause took 156 µs. Across hosts that pace is what moves MPI's bytes while
-# DDP's reducer waits for its last bucket (MPI over TCP pushes data only inside calls): 11.05 MiB
-# at 1 Gb/s took 108-112 ms there against gloo's 97-100, 103-104 with this slack
-# (docs/torch-backend-bench.md). The progress threads set it for themselves only.
+# coalesce: the remote thread's 100 µs pause took 156 µs, 107 µs with this slack. Across hosts that
+# pace is what moves MPI's bytes while DDP's reducer waits for its last bucket (MPI over TCP moves
+# data only inside calls): the slowest rank's tail of a DDP step at 2 x 1 took 119 ms with it,
+# 129-135 without (docs/torch-backend-bench.md). The progress threads set it for themselves only.
 TIMER_SLACK_NS = 1000
 _PR_SET_TIMERSLACK, _PR_GET_TIMERSLACK = 29, 30
 
