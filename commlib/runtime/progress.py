@@ -54,6 +54,7 @@ latency of every small collective.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import logging
 import os
 import queue
@@ -524,7 +525,6 @@ def set_timer_slack(ns: int) -> int | None:
     """Set the calling thread's timer slack to ``ns`` nanoseconds (Linux ``prctl``); the slack
     the kernel then reports for the thread, or None where there is no ``prctl``."""
     try:
-        import ctypes
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_TIMERSLACK, ctypes.c_ulong(ns), 0, 0, 0)
         slack = libc.prctl(_PR_GET_TIMERSLACK, 0, 0, 0, 0)
