@@ -90,8 +90,7 @@ class Traced(Config):
         self.opt.step()
         t3 = time.perf_counter()
         row = {"step": t3 - t0, "cpu": time.process_time() - c0, "backward": t2 - t1,
-               "tail": 0.0, "last": None,
-               "overlapped": None, "buckets": len(self.events)}
+               "tail": 0.0, "last": None, "overlapped": None, "buckets": len(self.events)}
         if self.events:
             _, last, done = max(self.events, key=lambda e: e[1])
             comm = sum(d - i for _, i, d in self.events)
@@ -157,12 +156,13 @@ def main(argv=None) -> int:
         for c in cfgs:
             for _ in range(4):  # warm-up: DDP rebuilds its buckets at its third step
                 c.step()
-        names = [c.name for c in cfgs]
+        by = {c.name: c for c in cfgs}
+        names = list(by)
         rows: dict[str, list[dict]] = {name: [] for name in names}
         for k in range(args.steps):  # the configurations take turns, step by step
-            for c in (cfgs[names.index(name)] for name in order_of(k, names)):
+            for name in order_of(k, names):
                 COMM.Barrier()
-                rows[c.name].append(c.step())
+                rows[name].append(by[name].step())
         slowest = {name: [COMM.allreduce(r["step"], op=MPI.MAX) for r in rows[name]]
                    for name in names}
         for c in cfgs:
