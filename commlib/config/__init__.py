@@ -48,7 +48,7 @@ def _parse_progress(text: str) -> str:
     return mode
 
 
-def _parse_affinity(text: str) -> str:
+def _parse_auto_off(text: str) -> str:
     mode = text.strip().lower()
     if mode not in ("auto", "off"):
         raise ValueError("expected 'auto' or 'off'")
@@ -241,6 +241,16 @@ OPTIONS: dict[str, Option] = {
         Option("cuda_aware_mpi", None, _parse_tristate,
                "Whether MPI may be given CUDA buffers: `1`, `0` or `auto` (default, asks "
                "`MPIX_Query_cuda_support` where the MPI library has it)."),
+        Option("ucx_tcp", "auto", _parse_auto_off,
+               "UCX's TCP transport settings (MPI over Ethernet between hosts). `auto` (default): "
+               "when commlib initializes MPI (it imports `mpi4py.MPI` first), it sets those of "
+               "`UCX_TCP_SNDBUF=256k` and `UCX_TCP_RX_SEG_SIZE=512k` that the environment leaves "
+               "unset: with the kernel's megabytes of send buffer, a rank's eager sends complete "
+               "before their bytes leave, and under DDP's skew the other rank then waited 9-18 ms "
+               "longer for its last bucket than on gloo; UCX reads one receive segment per "
+               "progress call (docs/torch-backend-bench.md). InfiniBand and shared memory never "
+               "read them. `off`: UCX's own defaults. A program that imports `mpi4py.MPI` "
+               "before commlib sets them in the launcher's environment (`mpiexec -genv`)."),
         Option("abort_on_exception", True, _parse_bool,
                "An uncaught exception on one rank ends the whole job (`MPI_Abort` under "
                "mpirun; exit code 1 under torchrun, whose agent then stops the other workers) "
@@ -271,7 +281,7 @@ OPTIONS: dict[str, Option] = {
                "compute). `thread`: a progress thread for every group. The threads sleep in the "
                "engine or between passes, never spinning (docs/overlap.md). `wait`: only inside "
                "`Work.wait()`, `Work.is_completed()` and other commlib calls."),
-        Option("affinity", "auto", _parse_affinity,
+        Option("affinity", "auto", _parse_auto_off,
                "CPU binding of the ranks. `auto` (default): at `commlib.init`, the ranks of a "
                "host that nobody bound (every one of them on the same mask of several CPUs: no "
                "`mpiexec -bind-to`, no `taskset`) are bound, rank k of n to its own "
