@@ -36,9 +36,9 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
+import commlib  # before mpi4py: commlib sets UCX's TCP defaults before MPI initializes
 from mpi4py import MPI
 
-import commlib
 from _quiet import quiet_for, quiet_summary
 from commlib.algorithms import algorithm_names
 from commlib.ops import ReduceOp, resolve_op

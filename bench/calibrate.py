@@ -33,9 +33,9 @@ import statistics
 import sys
 
 import torch
+import commlib  # before mpi4py: commlib sets UCX's TCP defaults before MPI initializes
 from mpi4py import MPI
 
-import commlib
 from _quiet import quiet_for, quiet_summary, set_patience, time_loop as _time_loop
 from commlib.algorithms import Call
 from commlib.api.collectives import _ctx

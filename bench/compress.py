@@ -49,9 +49,9 @@ from functools import partial
 import torch
 from _harness import fmt_bytes, parse_size, rank0_out
 from _quiet import quiet_for, quiet_summary, set_patience, time_loop
+import commlib  # before mpi4py: commlib sets UCX's TCP defaults before MPI initializes
 from mpi4py import MPI
 
-import commlib
 import commlib.compress as cc
 from commlib.compress import _fast
 from commlib.nn.functional import traffic

@@ -59,10 +59,10 @@ from functools import partial
 
 import torch
 import torch.distributed as dist
+import commlib  # before mpi4py: commlib sets UCX's TCP defaults before MPI initializes
 from mpi4py import MPI
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import commlib
 import commlib.torch_backend
 from commlib.topology.affinity import host_cpu_count
 from _harness import rank0_out, timed_slowest, write_json

@@ -45,6 +45,7 @@ import time
 
 import torch
 import torch.distributed as dist
+import commlib  # before mpi4py: commlib sets UCX's TCP defaults before MPI initializes
 from mpi4py import MPI
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 

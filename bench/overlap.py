@@ -37,9 +37,9 @@ import statistics
 import sys
 
 import torch
+import commlib  # before mpi4py: commlib sets UCX's TCP defaults before MPI initializes
 from mpi4py import MPI
 
-import commlib
 from _harness import fmt_bytes, init_gloo, parse_size, rank0_out, timed_slowest
 from _quiet import quiet_for, quiet_summary
 from commlib.runtime.progress import lane_of, set_progress

@@ -18,9 +18,9 @@ import os
 import sys
 
 import torch
+import commlib  # before mpi4py: commlib sets UCX's TCP defaults before MPI initializes
 from mpi4py import MPI
 
-import commlib
 from _harness import init_gloo, parse_size
 from _quiet import set_patience
 from calibrate import measure_many, quiet_summary

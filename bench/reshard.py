@@ -83,9 +83,9 @@ import statistics
 import sys
 
 import torch
+import commlib  # before mpi4py: commlib sets UCX's TCP defaults before MPI initializes
 from mpi4py import MPI
 
-import commlib
 from _harness import fmt_bytes, parse_size, rank0_out, timed_slowest, write_json
 from _quiet import quiet_for, quiet_summary, time_loop
 from commlib.nn.functional import traffic

@@ -47,9 +47,9 @@ import time
 
 import torch
 from _quiet import quiet_for, quiet_summary
+import commlib  # before mpi4py: commlib sets UCX's TCP defaults before MPI initializes
 from mpi4py import MPI
 
-import commlib
 from commlib.nn import functional as F
 from commlib.nn import _ring
 

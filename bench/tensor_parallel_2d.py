@@ -79,9 +79,9 @@ import statistics
 import sys
 
 import torch
+import commlib  # before mpi4py: commlib sets UCX's TCP defaults before MPI initializes
 from mpi4py import MPI
 
-import commlib
 from _harness import rank0_out, timed_slowest, write_json
 from _quiet import quiet_for, quiet_summary
 from commlib.nn import ColumnParallelLinear, Linear2D, ParallelMLP, RowParallelLinear, tp_plan

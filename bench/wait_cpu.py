@@ -27,9 +27,9 @@ import time
 
 import torch
 import torch.distributed as dist
+import commlib  # before mpi4py: commlib sets UCX's TCP defaults before MPI initializes
 from mpi4py import MPI
 
-import commlib
 import commlib.runtime.progress as progress
 import ddp
 

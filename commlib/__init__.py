@@ -12,6 +12,7 @@ A program written for torch.distributed runs with ``import torch.distributed as 
 object collectives, ``monitored_barrier`` and the group queries keep torch's names and signatures.
 """
 
+from .engines import mpi_env as _mpi_env  # noqa: F401 - first: UCX's TCP defaults, before MPI's init
 from . import tuning
 from .api import autotune as _autotune  # noqa: F401 - registers the in-job calibration of new groups
 from .api.collectives import (

@@ -24,13 +24,12 @@ def test_defaults_fill_only_what_the_environment_leaves_unset():
 
 
 # Prints, as JSON: what commlib set, the variables as MPI_Init saw them (the process's environment
-# once mpi4py.MPI is imported), and whether MPI was initialized before commlib's engine was imported.
+# once mpi4py.MPI is imported). `import commlib` comes before or after `from mpi4py import MPI`.
 _PROBE = """
 import json, os, sys
-first = sys.argv[1] == "mpi4py-first"
-if first:
+if sys.argv[1] == "mpi4py-first":
     from mpi4py import MPI
-import commlib.engines.mpi
+import commlib
 from commlib.engines import mpi_env
 from mpi4py import MPI
 assert MPI.Is_initialized()

@@ -243,14 +243,15 @@ OPTIONS: dict[str, Option] = {
                "`MPIX_Query_cuda_support` where the MPI library has it)."),
         Option("ucx_tcp", "auto", _parse_auto_off,
                "UCX's TCP transport settings (MPI over Ethernet between hosts). `auto` (default): "
-               "when commlib initializes MPI (it imports `mpi4py.MPI` first), it sets those of "
+               "`import commlib`, when MPI is not initialized yet, sets those of "
                "`UCX_TCP_SNDBUF=256k` and `UCX_TCP_RX_SEG_SIZE=512k` that the environment leaves "
                "unset: with the kernel's megabytes of send buffer, a rank's eager sends complete "
                "before their bytes leave, and under DDP's skew the other rank then waited 9-18 ms "
                "longer for its last bucket than on gloo; UCX reads one receive segment per "
                "progress call (docs/torch-backend-bench.md). InfiniBand and shared memory never "
                "read them. `off`: UCX's own defaults. A program that imports `mpi4py.MPI` "
-               "before commlib sets them in the launcher's environment (`mpiexec -genv`)."),
+               "before commlib has initialized MPI already: import commlib first, or set them in "
+               "the launcher's environment (`mpiexec -genv`)."),
         Option("abort_on_exception", True, _parse_bool,
                "An uncaught exception on one rank ends the whole job (`MPI_Abort` under "
                "mpirun; exit code 1 under torchrun, whose agent then stops the other workers) "

@@ -15,8 +15,6 @@ from typing import Sequence
 
 import numpy as np
 import torch
-
-from . import mpi_env  # noqa: F401 - first: sets UCX's TCP defaults before mpi4py initializes MPI
 from mpi4py import MPI
 
 from .. import config

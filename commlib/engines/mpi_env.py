@@ -1,9 +1,10 @@
 """The environment commlib gives MPI before initializing it: UCX's TCP transport settings.
 
-MPI reads its transport's options once, in ``MPI_Init``, from the environment. When commlib is the
-one that initializes MPI (the first to import ``mpi4py.MPI``, as ``commlib.init`` and
-``init_process_group("commlib")`` do under mpirun), importing this module sets the options of
-:data:`UCX_TCP` that the environment leaves unset (``COMMLIB_UCX_TCP=off``: none). They touch only
+MPI reads its transport's options once, in ``MPI_Init``, from the environment. ``import commlib``
+imports this module first, and when MPI is not initialized yet (``mpi4py.MPI`` not imported: MPI
+is then initialized by ``commlib.init`` or ``init_process_group("commlib")`` under mpirun, or by
+the program's own later ``from mpi4py import MPI``) it sets the options of :data:`UCX_TCP` that the
+environment leaves unset (``COMMLIB_UCX_TCP=off``: none). They touch only
 UCX's TCP transport (MPICH's and Open MPI's UCX over Ethernet between hosts): InfiniBand, shared
 memory and the other engines never read them. Measured on 2 hosts x 1 rank at 1 Gb/s,
 docs/torch-backend-bench.md:
@@ -18,8 +19,8 @@ docs/torch-backend-bench.md:
   progress call, so at the progress thread's 1 ms pace an 11 MiB bucket took 163 ms; with 512 KiB
   segments the same bytes need an eighth of the calls.
 
-A process that imported ``mpi4py.MPI`` before commlib has initialized MPI already: nothing is set
-then, and the launcher's environment (``mpiexec -genv``) is the place for these settings.
+A program that imports ``mpi4py.MPI`` before commlib has initialized MPI already: nothing is set
+then (import commlib first, or give them in the launcher's environment, ``mpiexec -genv``).
 """
 
 from __future__ import annotations

@@ -34,7 +34,6 @@ import torch
 
 from ..errors import CommBackendError, CommUnsupportedError
 from ..ops import ReduceOp, dtype_name
-from . import mpi_env  # noqa: F401 - sets UCX's TCP defaults before _mpi() initializes MPI
 from . import register_backend
 from .base import Backend, mpi_world_ranks
 
