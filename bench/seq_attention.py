@@ -46,8 +46,8 @@ import sys
 import time
 
 import torch
+import commlib  # before mpi4py (also _quiet's): commlib sets UCX's TCP defaults before MPI initializes
 from _quiet import quiet_for, quiet_summary
-import commlib  # before mpi4py: commlib sets UCX's TCP defaults before MPI initializes
 from mpi4py import MPI
 
 from commlib.nn import functional as F

@@ -126,3 +126,24 @@ def test_latency_ties_between_measured_curves_go_by_the_formulas():
         "shm_oneshot": Curve({8: 1e-6, 1 << 20: 310e-6}),
         "shm_twoshot": Curve({8: 2e-6, 1 << 20: 300e-6})}}), names)
     assert big[0].algorithm == "shm_twoshot" and big[0].how == "measured"  # bandwidth-bound
+
+
+def test_across_hosts_the_doubling_family_pays_the_hosts_shared_link():
+    """4 ranks, 2 per host. The ring crosses hosts once per host and step: priced on one rank's
+    link (``inter``). Recursive doubling and halving exchange at the far distance with every rank
+    crossing at once: priced on the hosts' link shared by its 2 ranks (``shard_inter``, β twice
+    ``inter``'s). ``native`` is priced as the cheapest formula on each one's own link."""
+    intra = LinkCost(alpha=1.0, beta=1e-6, gamma=1e-4)
+    inter = LinkCost(alpha=1.0, beta=1e-3, gamma=1e-4)
+    shared = LinkCost(alpha=1.0, beta=2e-3, gamma=1e-4)
+    table = Table(intra, local=2, inter=inter, shard_inter=shared)
+    t = by_name("all_reduce", 4, table=table)
+    assert t["ring"] == pytest.approx(6 + 2 * 900 * 1e-3 + 900 * 1e-4)
+    assert t["recursive_doubling"] == pytest.approx(2 * (1 + 2.4 + 0.12))
+    assert t["rabenseifner"] == pytest.approx(4 + 3.6 + 0.09)
+    assert t["pipelined_doubling"] == pytest.approx(2 * (1 + 2.4 + 0.12))  # one chunk at 1200 B
+    # the cheapest formula, on its own (shared) link: 7.04, not the 4.64 of one rank's link
+    assert t["native"] == pytest.approx(t["recursive_doubling"]) and t["native"] < t["ring"]
+    # one rank per host (local 1 < p, no sharing): the same algorithms on one rank's link
+    flat = by_name("all_reduce", 4, table=Table(intra, local=1, inter=inter, shard_inter=inter))
+    assert flat["recursive_doubling"] == pytest.approx(2 * (1 + 1.2 + 0.12))

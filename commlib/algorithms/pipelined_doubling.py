@@ -41,6 +41,7 @@ def _all_reduce_cost(p, n, link):
     return k * step + f * (2 * link.step(n) + n * link.gamma)
 
 
-@register_algorithm("pipelined_doubling", "all_reduce", cost=_all_reduce_cost)
+@register_algorithm("pipelined_doubling", "all_reduce", cost=_all_reduce_cost,
+                    shares_host_link=True)
 def all_reduce(ctx, buf):
     yield from all_reduce_steps(ctx, buf, chunk_count(buf.numel() * buf.element_size()))

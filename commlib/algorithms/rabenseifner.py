@@ -48,7 +48,8 @@ def _reduce_scatter_cost(p, n, link):
             + f * (link.step(n) + link.step(n / p) + n * link.gamma))
 
 
-@register_algorithm("rabenseifner", "all_reduce", cost=_all_reduce_cost, prices_native=True)
+@register_algorithm("rabenseifner", "all_reduce", cost=_all_reduce_cost, prices_native=True,
+                    shares_host_link=True)
 def all_reduce(ctx, buf):
     flat = buf.view(-1)
     p2, rem = _fold.shape(ctx.size)
@@ -61,7 +62,8 @@ def all_reduce(ctx, buf):
     yield from _fold.fold_out(ctx, flat, rem)
 
 
-@register_algorithm("rabenseifner", "reduce_scatter", cost=_reduce_scatter_cost, prices_native=True)
+@register_algorithm("rabenseifner", "reduce_scatter", cost=_reduce_scatter_cost, prices_native=True,
+                    shares_host_link=True)
 def reduce_scatter(ctx, out, inp):
     # Core rank k reduces the blocks of the ranks it stands for, first_rank(k)..real_rank(k),
     # and hands block r - 1 back to the even rank r - 1 it folded in.

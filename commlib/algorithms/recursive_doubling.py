@@ -71,12 +71,14 @@ def all_reduce_steps(ctx, buf, parts: int = 1):
     yield from _fold.fold_out(ctx, flat, rem)
 
 
-@register_algorithm("recursive_doubling", "all_reduce", cost=_all_reduce_cost, prices_native=True)
+@register_algorithm("recursive_doubling", "all_reduce", cost=_all_reduce_cost, prices_native=True,
+                    shares_host_link=True)
 def all_reduce(ctx, buf):
     yield from all_reduce_steps(ctx, buf)
 
 
-@register_algorithm("recursive_doubling", "all_gather", cost=_all_gather_cost, prices_native=True)
+@register_algorithm("recursive_doubling", "all_gather", cost=_all_gather_cost, prices_native=True,
+                    shares_host_link=True)
 def all_gather(ctx, out, inp):
     n, r = inp.numel(), ctx.rank
     flat, mine = out.view(-1), inp.view(-1)

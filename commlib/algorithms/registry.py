@@ -102,7 +102,11 @@ class Algorithm:
     no division by the API), ``gathers_in_place(res, out)`` says an all-gather input that is this
     rank's block of ``out`` needs no copy. ``prices_native``: the engines' own collectives run
     this textbook algorithm (or better), so without a measured curve ``native`` is priced as the
-    cheapest of these."""
+    cheapest of these. ``shares_host_link``: every rank steps with a partner at a distance at the
+    same time (recursive doubling and halving), so on a group spanning hosts, whose ranks are
+    placed host by host, all the ranks of a host cross to other hosts at once at the far
+    distances: priced on the hosts' link shared by their ranks (``Table.shard_inter``), not one
+    rank's (the ring crosses once per host and step)."""
 
     name: str
     collective: str
@@ -116,6 +120,7 @@ class Algorithm:
     reduces_natively: Callable | None = None
     gathers_in_place: Callable | None = None
     prices_native: bool = False
+    shares_host_link: bool = False
 
     def __call__(self, ctx, *buffers):
         return self.run(ctx, *buffers)

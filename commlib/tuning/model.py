@@ -189,10 +189,15 @@ class Table:
         return self.inter if spans else self.link
 
     def link_of(self, algorithm: Algorithm, p: int) -> LinkCost:
-        """The link class ``algorithm`` is priced on: its transport's, else the flat link."""
+        """The link class ``algorithm`` is priced on: its transport's, else the flat link; across
+        hosts, the hosts' link shared by their ranks for an algorithm whose ranks all cross at
+        once (``Algorithm.shares_host_link``)."""
         if algorithm.transport is not None:
             return getattr(self, algorithm.transport, None) or self.flat_link(p)
-        return self.flat_link(p)
+        link = self.flat_link(p)
+        if algorithm.shares_host_link and link is self.inter and self.shard_inter is not None:
+            return self.shard_inter
+        return link
 
 
 def gpu_table(gbytes_per_s: float = 150.0) -> Table:
@@ -214,7 +219,6 @@ def predict(collective: str, nbytes: int, p: int, table: Table,
     formula (engines run one of these algorithms)."""
     if p <= 1:
         return [Prediction("native", 0.0, "formula")]
-    link = table.flat_link(p)
     measured = table.curves.get(collective, {})
     algos = {r.name: r for r in records(collective)}
     formulas = {n: r for n, r in algos.items() if r.cost is not None}
@@ -246,7 +250,8 @@ def predict(collective: str, nbytes: int, p: int, table: Table,
         else:
             # engines run one of the point-to-point algorithms: priced as the cheapest of them,
             # eligible here or not (on CUDA tensors they are not offered, the engine runs them)
-            flat = [(table.base + fn(p, nbytes, link), name) for name, fn in engine_costs.items()]
+            flat = [(table.base + formulas[name].cost(p, nbytes, table.link_of(formulas[name], p)),
+                     name) for name in engine_costs]
             if flat:
                 seconds, name = min(flat)
                 out.append(Prediction("native", seconds, f"formula ({name})"))
