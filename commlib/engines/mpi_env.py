@@ -14,7 +14,8 @@ docs/torch-backend-bench.md:
   the later rank finished its last bucket 9-18 ms before the earlier one, which waited on bytes
   the kernel had yet to send and took 103-112 ms for 11 MiB where gloo took 97-100. With 256 KiB
   the ranks end within 2-4 ms of each other, 97 ms after the later one's issue, as gloo does. At
-  256 KiB the socket still covers 2 Gb/s at a millisecond's round trip.
+  256 KiB a connection still covers 2 Gb/s at a millisecond's round trip (20 Gb/s at 100 µs); a
+  faster TCP link wants a larger value in the launcher's environment.
 * ``UCX_TCP_RX_SEG_SIZE=512k``. UCX reads at most one receive segment (64 KiB by default) per
   progress call, so at the progress thread's 1 ms pace an 11 MiB bucket took 163 ms; with 512 KiB
   segments the same bytes need an eighth of the calls.
