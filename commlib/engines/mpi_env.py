@@ -41,7 +41,8 @@ UCX_TCP = {"UCX_TCP_SNDBUF": "256k", "UCX_TCP_RX_SEG_SIZE": "512k"}
 APPLIED: dict[str, str] = {}
 
 
-def transport_defaults(environ: Mapping[str, str], mode: str, mpi_initialized: bool) -> dict[str, str]:
+def transport_defaults(environ: Mapping[str, str], mode: str,
+                       mpi_initialized: bool) -> dict[str, str]:
     """The variables of :data:`UCX_TCP` to set (pure): none when ``mode`` (``COMMLIB_UCX_TCP``) is
     ``off`` or MPI is initialized already (its transports read the environment once, at init),
     else those ``environ`` leaves unset (the caller's settings win)."""

@@ -226,6 +226,16 @@ def predict(collective: str, nbytes: int, p: int, table: Table,
     local = table.local
     two_level = table.inter is not None and local is not None and 1 < local < p and p % local == 0
     hier = {n: r for n, r in algos.items() if r.cost_two_level is not None} if two_level else {}
+
+    def formula(name: str, n: int) -> float | None:
+        """``name``'s formula on its own link (``native``: the cheapest engine formula), or None."""
+        if name == "native":
+            flat = [formula(f, n) for f in engine_costs]
+            return min(flat) if flat else None
+        if name not in formulas:
+            return None
+        return formulas[name].cost(p, n, table.link_of(formulas[name], p))
+
     if eligible is None:
         names = {n for n, r in formulas.items() if r.transport is None and "cpu" in r.devices}
         names |= set(hier) | set(measured) | {"native"}
@@ -236,10 +246,9 @@ def predict(collective: str, nbytes: int, p: int, table: Table,
         if name in measured:
             out.append(Prediction(name, measured[name](nbytes), "measured"))
         elif name in formulas:
-            rec = formulas[name]
-            base = table.base if rec.transport is None else 0.0  # the engine's fixed cost
-            out.append(Prediction(name, base + rec.cost(p, nbytes, table.link_of(rec, p)),
-                                  "formula"))
+            # the engine's fixed cost, not paid by a transport's own algorithm
+            base = table.base if formulas[name].transport is None else 0.0
+            out.append(Prediction(name, base + formula(name, nbytes), "formula"))
         elif name in hier:
             shard = table.shard_inter or table.inter
             cost = hier[name].cost_two_level(p, local, nbytes, table.link, shard, engine_costs)
@@ -250,22 +259,12 @@ def predict(collective: str, nbytes: int, p: int, table: Table,
         else:
             # engines run one of the point-to-point algorithms: priced as the cheapest of them,
             # eligible here or not (on CUDA tensors they are not offered, the engine runs them)
-            flat = [(table.base + formulas[name].cost(p, nbytes, table.link_of(formulas[name], p)),
-                     name) for name in engine_costs]
+            flat = [(table.base + formula(name, nbytes), name) for name in engine_costs]
             if flat:
                 seconds, name = min(flat)
                 out.append(Prediction("native", seconds, f"formula ({name})"))
     # On a tie the engine's own collective wins: it is at least as good as the formula it equals.
     out = sorted([*out, *extra], key=lambda x: (x.seconds, x.algorithm != "native", x.algorithm))
-
-    def formula(name: str, n: int) -> float | None:
-        if name == "native":
-            flat = [formula(f, n) for f in engine_costs]
-            return min(flat) if flat else None
-        if name not in formulas:
-            return None
-        return formulas[name].cost(p, n, table.link_of(formulas[name], p))
-
     return _latency_tie(out, nbytes, formula)
 
 
