@@ -31,6 +31,11 @@ where the group allows: across hosts) and ``int8-call``, the same run in the hoo
   progress thread, gloo's) and the kernel's work on its behalf: on hosts whose cores all compute,
   what the communication costs the compute.
 
+``--threads`` adds, per row, the CPU time of each of the process's threads during the step (Linux:
+``/proc/self/task/*/schedstat``), by thread: ``main`` (the caller: forward, backward, DDP's
+reducer), Python's threads by name (``commlib-progress-remote``, ``commlib-callbacks``) and the
+others by their kernel name (gloo's, UCX's, torch's): where the communication's CPU goes.
+
 The configurations take turns step by step (the order rotating, bench/ddp.py's
 :func:`~ddp.order_of`), so the host's slow phases fall on all alike, and the last lines give, per
 DDP row, the median over steps of gloo's step time over the row's and the steps it was faster in.
@@ -39,7 +44,9 @@ DDP row, the median over steps of gloo's step time over the row's and the steps 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import threading
 import sys
 import time
 
@@ -66,6 +73,7 @@ class Traced(Config):
         self.inner = inner or (group if group is not None else dist.group.WORLD,
                                default_hooks.allreduce_hook)
         self.events: list[tuple[int, float, float]] = []
+        self.threads = False  # record thread_cpu() per step (--threads)
         super().__init__(name, model, group, bucket_cap_mb=cap, ddp=ddp,
                          hook=self._hook if ddp else None)
 
@@ -81,6 +89,7 @@ class Traced(Config):
 
     def step(self) -> dict:
         self.events.clear()
+        th0 = thread_cpu() if self.threads else None
         c0 = time.process_time()
         t0 = time.perf_counter()
         self.opt.zero_grad(set_to_none=False)
@@ -92,6 +101,8 @@ class Traced(Config):
         t3 = time.perf_counter()
         row = {"step": t3 - t0, "cpu": time.process_time() - c0, "backward": t2 - t1,
                "tail": 0.0, "last": None, "overlapped": None, "buckets": len(self.events)}
+        if th0 is not None:
+            row["threads"] = {k: v - th0.get(k, 0.0) for k, v in thread_cpu().items()}
         if self.events:
             _, last, done = max(self.events, key=lambda e: e[1])
             comm = sum(d - i for _, i, d in self.events)
@@ -99,6 +110,29 @@ class Traced(Config):
             row.update(backward=last - t1, tail=t2 - last, last=done - last,
                        overlapped=before / comm)
         return row
+
+
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds each live thread of this process has used, by name (see ``--threads``); {}
+    where ``/proc/self/task`` is missing."""
+    named = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+    named[os.getpid()] = "main"
+    out: dict[str, float] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                ns = int(f.read().split()[0])
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                comm = f.read().strip()
+        except (OSError, ValueError, IndexError):
+            continue  # the thread ended meanwhile
+        name = named.get(int(tid), comm)
+        out[name] = out.get(name, 0.0) + ns * 1e-9
+    return out
 
 
 def _cap(text: str | None):
@@ -113,6 +147,16 @@ def _cap(text: str | None):
     return mb, mb > 0
 
 
+def _threads_line(per_rank: list[list[dict[str, float]]]) -> str:
+    """'name a/b ms' per thread name, the medians over steps of each rank, the busiest first."""
+    names = sorted({k for steps in per_rank for r in steps for k in r},
+                   key=lambda k: -sum(r.get(k, 0.0) for steps in per_rank for r in steps))
+    return "; ".join(
+        f"{k} " + "/".join(f"{1e3 * statistics.median(r.get(k, 0.0) for r in steps):.1f}"
+                           for steps in per_rank)
+        for k in names if any(r.get(k, 0.0) > 5e-5 for steps in per_rank for r in steps))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="transformer", help="comma-separated: mlp, transformer")
@@ -125,6 +169,8 @@ def main(argv=None) -> int:
                     help="also rows 'int8' (commlib.compress.ddp_hook('int8', "
                          "algorithm='compressed'), overlapped where the group allows) and "
                          "'int8-call' (the same with overlap=False)")
+    ap.add_argument("--threads", action="store_true",
+                    help="also the CPU time of each thread during the step (Linux)")
     args = ap.parse_args(argv)
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     asked, cap_ok = _cap(args.bucket_cap_mb)
@@ -155,6 +201,7 @@ def main(argv=None) -> int:
         out(f"# {'config':>9} | {'step':>7} | {'cpu':>6} | {'backward':>8} | {'tail':>6} | "
             f"{'last':>6} | {'overlapped':>10} | buckets")
         for c in cfgs:
+            c.threads = args.threads
             for _ in range(4):  # warm-up: DDP rebuilds its buckets at its third step
                 c.step()
         by = {c.name: c for c in cfgs}
@@ -180,6 +227,10 @@ def main(argv=None) -> int:
                 f"{med['backward'] * 1e3:8.1f} | "
                 f"{med['tail'] * 1e3:6.1f} | {'-' if last is None else f'{last * 1e3:.1f}':>6} | "
                 f"{'-' if share is None else f'{100 * share:.0f}%':>10} | {mine[-1]['buckets']}")
+        if args.threads:
+            for c in cfgs:
+                out(f"# {c.name} threads, ms per step (median of steps, rank by rank): "
+                    + _threads_line(COMM.allgather([r["threads"] for r in rows[c.name]])))
         for name in names:
             if name not in ("gloo", "compute"):
                 ratios = [g / s for g, s in zip(slowest["gloo"], slowest[name])]

@@ -1,6 +1,7 @@
 """In-job calibration (commlib/tuning/probe.py, commlib/api/autotune.py): the pure rules, and real
 jobs under mpiexec on a cache of their own: the first job of a shape probes and saves the entry,
-the next one reads it, ``COMMLIB_AUTOTUNE=0`` leaves the model as it was."""
+the next one reads it, ``COMMLIB_AUTOTUNE=0`` leaves the model as it was; a group on two virtual
+hosts times the link between them."""
 
 import json
 
@@ -8,10 +9,10 @@ import pytest
 
 from commlib.config import get
 from commlib.tuning.model import LinkCost
-from commlib.tuning.probe import (CHECK_UNITS, DROP_FACTOR, DROP_FROM, STALE_FACTOR,
-                                  check_plan, cut_short, describe, merge, repetitions, ring_link,
-                                  stale, still_racing, units)
-from conftest import run_mpi
+from commlib.tuning.probe import (CHECK_UNITS, DROP_FACTOR, DROP_FROM, NET_SIZES, STALE_FACTOR,
+                                  check_plan, cut_short, describe, describe_net, merge, net_link,
+                                  repetitions, ring_link, stale, still_racing, units)
+from conftest import run_mpi, run_mpi_hosts
 
 
 def test_repetitions_fill_the_loop_with_at_least_one_call():
@@ -175,3 +176,38 @@ def test_a_probe_slowed_by_a_crowded_host_is_found_out_and_done_again(tmp_path):
     assert job["after"].startswith("probed 2 times (the minimum of the probes)"), job["after"]
     assert job["groups"]["mpi/2"]["probe"]["runs"] == 2
     assert not job["hook"]  # the only check time has passed: no more checks
+
+
+def test_net_link_is_the_small_size_and_the_slope_to_the_large():
+    base = LinkCost(5e-6, 1 / 6e9, 1 / 8e9, None, 0.25)
+    # 1 Gb/s with a burst: 4 KiB in 20 us (faster than the rate), 1 MiB at 1.2 Gb/s
+    link = net_link({4096: 20e-6, 1 << 20: 20e-6 + (1048576 - 4096) / 150e6}, base)
+    assert link.alpha == 20e-6 and link.beta == pytest.approx(1 / 150e6)
+    assert link.gamma == base.gamma and link.busy == 0.25
+    assert net_link({4096: 1e-5, 1 << 20: 1e-5}, base) is None   # nothing per byte
+    assert net_link({4096: 2e-5, 1 << 20: 1e-5}, base) is None
+    assert net_link({4096: 1e-5}, base) is None
+    assert "α 20.0 us, 1.20 Gb/s" in describe_net(link)
+
+
+@pytest.mark.parametrize("autotune", ["0.3", "0"])
+def test_a_group_across_hosts_times_the_link_between_them(tmp_path, autotune):
+    proc = run_mpi_hosts(["a", "b"], "net_probe_job.py", XDG_CACHE_HOME=str(tmp_path / "cache"),
+                         COMMLIB_AUTOTUNE=autotune, timeout=120)
+    job = json.loads(proc.stdout.strip().splitlines()[-1])
+    default = job["default"]
+    if autotune == "0":  # no probe: the 100 Gb/s NIC's defaults, as before
+        assert "probed" not in job["source"] and job["inter"] == default, job
+        return
+    assert "link between hosts probed in the job (ping-pong of 4096 B to 1024 KiB)" in \
+        job["source"], job["source"]
+    alpha, beta = job["inter"]
+    assert job["inter"] != default and alpha > 0 and beta > 0
+    # the job's own ping-pong (5 round trips each, after the probe): within 3x of the model's
+    small, large = (job["times"][str(n)] for n in NET_SIZES)
+    mine = (large - small) / (NET_SIZES[1] - NET_SIZES[0])
+    assert mine / 3 < beta < 3 * mine, (beta, mine)
+    assert small / 3 < alpha < 3 * small, (alpha, small)
+    # one rank per host: the shard link is the link; the subgroup took it without probing
+    assert job["shard"] == job["inter"] and job["sub_inter"] == job["inter"]
+    assert job["sub"].endswith("for an earlier group"), job["sub"]

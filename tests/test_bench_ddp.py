@@ -87,10 +87,16 @@ def test_ddp_trace_reports_each_configuration():
 
 def test_ddp_trace_with_ddps_default_buckets_and_a_bad_size():
     """``--bucket-cap-mb ddp``: DDP's own buckets (the header says so, and on these tiny models
-    every gradient fits DDP's first bucket: one); a size that is not above 0 is refused."""
+    every gradient fits DDP's first bucket: one); ``--threads``: each row's CPU by thread, the
+    caller's on every rank; a size that is not above 0 is refused."""
     tiny = TINY[:TINY.index("--rounds")]
-    proc = bench(2, "ddp_trace", "--models", "mlp", *tiny, "--steps", "1", "--bucket-cap-mb", "ddp")
+    proc = bench(2, "ddp_trace", "--models", "mlp", *tiny, "--steps", "1", "--bucket-cap-mb", "ddp",
+                 "--threads")
     assert "bucket_cap_mb DDP default" in proc.stdout, proc.stdout
+    for name in ("commlib", "gloo", "compute"):
+        line = next(l for l in proc.stdout.splitlines() if l.startswith(f"# {name} threads"))
+        main = re.search(r"main (\d+\.\d)/(\d+\.\d)(;|$)", line)
+        assert main and float(main[1]) > 0 and float(main[2]) > 0, line
     rows = {line.split("|")[0].strip(): line.split("|") for line in proc.stdout.splitlines()
             if "|" in line and not line.startswith("#")}
     assert rows["commlib"][-1].strip() == "1" and rows["gloo"][-1].strip() == "1", proc.stdout

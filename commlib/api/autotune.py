@@ -1,7 +1,9 @@
 """In-job calibration: a new group whose shape the tuning file does not know times its own
 all-reduce algorithms and keeps the result (what is measured and how it becomes the model:
 :mod:`commlib.tuning.probe`; switched by ``COMMLIB_AUTOTUNE``), and checks it later in the job
-(``COMMLIB_AUTOTUNE_RECHECK``).
+(``COMMLIB_AUTOTUNE_RECHECK``). A group across hosts whose link between hosts nothing measured
+times that link with a short ping-pong (:func:`_probe_net`) instead of pricing it as a 100 Gb/s
+NIC's: what its algorithm choices and ``ddp_bucket_mb``'s bucket sizes are made from.
 
 Collective over the group, right after the group is built (``commlib.init``, ``new_group``,
 ``Mesh``) and at the checks (:class:`_Recheck`, from the group's all-reduce calls), on every
@@ -13,6 +15,8 @@ the tuning file (a failure to write is logged, not raised: the job keeps its mea
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
 import os
 import statistics
@@ -24,12 +28,14 @@ from ..algorithms.registry import Call
 from ..ops import ReduceOp
 from ..tuning.calibration import make_entry, put_entry, table_for, tuning_path
 from ..runtime.plans import forget
-from ..tuning.probe import (CHECK_UNITS, DROP_FROM, LOOP_SECONDS, ROUNDS, RUNS, SIZES,
-                            check_plan, cut_short, describe, merge, repetitions, ring_link,
-                            stale, still_racing, units)
-from ..tuning.selector import GroupModel, eligible
-from .collectives import all_reduce
+from ..tuning.model import LinkCost
+from ..tuning.probe import (CHECK_UNITS, DROP_FROM, LOOP_SECONDS, NET_REPS, NET_SIZES, ROUNDS,
+                            RUNS, SIZES, check_plan, cut_short, describe, describe_net, merge,
+                            net_link, repetitions, ring_link, stale, still_racing, units)
+from ..tuning.selector import GroupModel, eligible, remember_net, shared_link
+from .collectives import all_reduce, broadcast
 from .groups import GROUP_HOOKS
+from .p2p import recv, send
 
 __all__ = ["autotune"]
 
@@ -42,7 +48,11 @@ def autotune(group) -> None:
     the job's checks of it on the group's all-reduce calls (:class:`_Recheck`). Collective over
     the group's members."""
     model = group.model if group.backend is not None else None
-    if model is None or not model.probe or model.table is None or group.size < 2:
+    if model is None or model.table is None or group.size < 2:
+        return
+    if model.probe_net:
+        _probe_net(group)
+    if not model.probe:
         return
     points = _probe(group, model.probe, _points(model) if model.probed else {})
     if model.recheck and group.model.probed < RUNS:
@@ -79,6 +89,54 @@ def _probe(group, budget: float, previous: dict[str, dict[int, float]]
             log.warning("commlib: could not save the probed entry %s in %s (%s); this job uses "
                         "it, the next one probes again", key, tuning_path(), exc)
     return points
+
+
+def _probe_net(group) -> None:
+    """Time a ping-pong between the first ranks of the group's first two hosts (NET_SIZES, the
+    fastest of NET_REPS round trips each) and price the link between hosts from it, on every
+    rank: the first host's rank measures and broadcasts ``(α, β)``; where the fit fails (the time
+    did not grow with the size) the defaults stay. Not saved: a calibration
+    (``bench/calibrate.py``) measures the links with the curves, and a job that has one skips
+    this; the job's later groups across hosts on the same engine take the link measured here
+    (:func:`~commlib.tuning.selector.remember_net`) instead of probing again."""
+    hosts = group.resources.layout.hosts
+    me, peer = hosts[0][0], hosts[1][0]
+    fit = torch.zeros(2, dtype=torch.float64)
+    if group.rank in (me, peer):
+        one_way = {}
+        for nbytes in NET_SIZES:
+            buf = torch.zeros(nbytes, dtype=torch.uint8)
+            best = float("inf")
+            for k in range(NET_REPS + 1):  # the first round trip untimed: connections, buffers
+                start = time.perf_counter()
+                if group.rank == me:
+                    send(buf, group=group, group_dst=peer)
+                    recv(buf, group=group, group_src=peer)
+                else:
+                    recv(buf, group=group, group_src=me)
+                    send(buf, group=group, group_dst=me)
+                if k:
+                    best = min(best, time.perf_counter() - start)
+            one_way[nbytes] = best / 2
+        link = net_link(one_way, group.model.table.inter)
+        if group.rank == me and link is not None:
+            fit[0], fit[1] = link.alpha, link.beta
+    broadcast(fit, group=group, group_src=me)
+    alpha, beta = fit.tolist()
+    if beta <= 0:
+        log.info("group %s: the link between hosts did not time as a link; keeping the defaults",
+                 group.name)
+        return
+    model, table = group.model, copy.copy(group.model.table)
+    table.inter = LinkCost(alpha, beta, table.inter.gamma, None, table.inter.busy)
+    table.shard_inter = shared_link(table.inter, group.resources.layout.ranks_per_host)
+    remember_net(group.backend.name, table.inter)
+    source = f"{model.source}; {describe_net(table.inter)}"
+    group.resources.model = dataclasses.replace(model, table=table, source=source,
+                                                probe_net=False)
+    group.resources.choices.clear()  # choices made from the old model
+    forget(group)
+    log.info("group %s: %s", group.name, source)
 
 
 def _points(model) -> dict[str, dict[int, float]]:

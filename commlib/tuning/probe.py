@@ -47,8 +47,9 @@ from __future__ import annotations
 from .model import LinkCost
 
 __all__ = ["SIZES", "ROUNDS", "LOOP_SECONDS", "DROP_FACTOR", "DROP_FROM", "RUNS", "STALE_FACTOR",
-           "CHECK_UNITS", "repetitions", "still_racing", "merge", "ring_link", "describe",
-           "sizes_of", "check_plan", "cut_short", "stale", "units"]
+           "CHECK_UNITS", "NET_SIZES", "NET_REPS", "repetitions", "still_racing", "merge",
+           "ring_link", "net_link", "describe", "describe_net", "sizes_of", "check_plan",
+           "cut_short", "stale", "units"]
 
 #: All-reduce sizes timed (bytes of float32): the latency regime, the crossovers, the bandwidth
 #: regime. Curves interpolate between them in log-log space and extrapolate past 16 MiB.
@@ -63,6 +64,12 @@ RUNS = 3
 STALE_FACTOR = 1.35
 CHECK_UNITS = 1024
 UNIT_BYTES = 1 << 16
+#: The link between hosts, where the tuning file has none measured: a ping-pong between the
+#: first ranks of two hosts at these sizes (one latency-bound, one where 1 Gb/s Ethernet is
+#: 99% bandwidth and a 100 Gb/s NIC still 80%), NET_REPS round trips each after an untimed one.
+#: 4 round trips of 1 MiB: about 70 ms at 1 Gb/s, under 2 ms at 100 Gb/s.
+NET_SIZES = (1 << 12, 1 << 20)
+NET_REPS = 3
 
 
 def repetitions(first: float, loop: float = LOOP_SECONDS, cap: int = 64) -> int:
@@ -109,6 +116,30 @@ def ring_link(ring: dict[int, float], p: int, base: LinkCost) -> LinkCost | None
     per_byte = ring[large] - steps * alpha - (p - 1) / p * large * base.gamma
     beta = per_byte / (steps / p * large) if per_byte > 0 else base.beta
     return LinkCost(alpha, beta, base.gamma, None, base.busy)
+
+
+def net_link(one_way: dict[int, float], base: LinkCost) -> LinkCost | None:
+    """The link between hosts from a ping-pong's one-way times ``{nbytes: seconds}`` (the
+    fastest round trip at each size, halved): α the smallest size's time (latency-bound: a
+    rate-limited link lets a small message through at its burst rate, so a line through both
+    sizes can cross zero), β the slope from it to the largest; γ and ``busy`` from ``base``
+    (the group's agreed model: the reduction runs on the hosts' cores, whatever the link).
+    None without two sizes, or where the time does not grow with the size (nothing per byte
+    measured: the defaults stay)."""
+    if len(one_way) < 2:
+        return None
+    small, large = min(one_way), max(one_way)
+    beta = (one_way[large] - one_way[small]) / (large - small)
+    if beta <= 0:
+        return None
+    return LinkCost(one_way[small], beta, base.gamma, None, base.busy)
+
+
+def describe_net(link: LinkCost) -> str:
+    """The model source's words for a link between hosts probed in the job."""
+    return (f"link between hosts probed in the job (ping-pong of {NET_SIZES[0]} B to "
+            f"{NET_SIZES[-1] >> 10} KiB): α {link.alpha * 1e6:.1f} us, "
+            f"{8 / link.beta / 1e9:.2f} Gb/s")
 
 
 def sizes_of(points: dict[str, dict[int, float]]) -> list[int]:

@@ -30,10 +30,10 @@ from ..algorithms.registry import Call, records
 from ..errors import CommConfigError
 from .calibration import entry_key, link_from_json, link_to_json, load, table_for
 from .model import DEFAULT_LINKS, Curve, LinkCost, Prediction, Table, gpu_table, predict
-from .probe import RUNS
+from .probe import RUNS, describe_net
 
 __all__ = ["GroupModel", "local_model", "model_to_bytes", "model_from_bytes", "eligible",
-           "predictions", "Explanation", "explain_group"]
+           "predictions", "Explanation", "explain_group", "remember_net", "shared_link"]
 
 log = logging.getLogger("commlib")
 
@@ -60,6 +60,11 @@ class GroupModel:
     #: ``COMMLIB_AUTOTUNE_RECHECK``; :func:`commlib.tuning.probe.stale`); empty where nothing is
     #: probed.
     recheck: tuple[float, ...] = ()
+    #: Whether the group times the link between its hosts at creation (rank 0's decision: a
+    #: group on several hosts, as many ranks on each, whose tuning file entry has no measured
+    #: ``net`` link, and ``COMMLIB_AUTOTUNE`` not 0; :func:`commlib.tuning.probe.net_link`):
+    #: else the link is priced as a 100 Gb/s NIC's (``DEFAULT_LINKS["net"]``).
+    probe_net: bool = False
 
     def table_for(self, device: str) -> Table | None:
         return self.gpu if device == "cuda" else self.table
@@ -114,12 +119,13 @@ def _default_table() -> Table:
     return table
 
 
-def _local_table(backend: str, size: int, layout) -> tuple[Table, str, int]:
+def _local_table(backend: str, size: int, layout) -> tuple[Table, str, int, bool]:
     """Rank 0's view: the tuning file's entry for this group's shape (size, hosts), else
-    defaults with the probe; and what the file had for it: -1 nothing, 0 a calibration, k the
-    probes of k jobs (:data:`commlib.tuning.probe.RUNS` make it final). Across hosts:
-    intra-host links from the host's own entry if the group's has none, and ``net`` defaults
-    where the file has no measured ``net`` link."""
+    defaults with the probe; what the file had for it: -1 nothing, 0 a calibration, k the
+    probes of k jobs (:data:`commlib.tuning.probe.RUNS` make it final); and whether the link
+    between hosts is priced from defaults (a group across hosts whose entry measured none).
+    Across hosts: intra-host links from the host's own entry if the group's has none, and
+    ``net`` defaults where the file has no measured ``net`` link."""
     hosts = layout.host_count
     try:
         doc = load()
@@ -143,6 +149,7 @@ def _local_table(backend: str, size: int, layout) -> tuple[Table, str, int]:
             source = f"tuning file, nearest entry to {key} (link costs only)"
     else:
         table, source = _default_table(), why
+    net_default = False
     if hosts > 1 and layout.uniform:
         per_host = layout.ranks_per_host
         table.local = per_host
@@ -153,25 +160,47 @@ def _local_table(backend: str, size: int, layout) -> tuple[Table, str, int]:
                 source += f"; intra-host link from entry {entry_key(backend, per_host)}"
         if "net" in links:
             table.inter = link_from_json(links["net"])
+        elif backend in _NET_PROBED:  # an earlier group of the job measured it
+            net = _NET_PROBED[backend]
+            table.inter = LinkCost(net.alpha, net.beta, table.link.gamma, None, net.busy)
+            source += f"; {describe_net(net)} for an earlier group"
         else:  # the NIC's defaults; the ranks still reduce on this host's cores (its γ)
+            net_default = True
             net = DEFAULT_LINKS["net"]
             table.inter = LinkCost(net.alpha, net.beta, table.link.gamma)
         if "net_rails" in links:
             table.shard_inter = link_from_json(links["net_rails"])
         else:  # every local rank's shard crosses at once: they share the hosts' links
-            table.shard_inter = LinkCost(table.inter.alpha, table.inter.beta * per_host, table.inter.gamma)
-    return table, source, known
+            table.shard_inter = shared_link(table.inter, per_host)
+    return table, source, known, net_default
+
+
+# The link between hosts as the job's in-job probe measured it, by engine (remember_net).
+_NET_PROBED: dict[str, LinkCost] = {}
+
+
+def remember_net(backend: str, link: LinkCost) -> None:
+    """Keep the link between hosts that a group of engine ``backend`` measured
+    (:func:`commlib.api.autotune._probe_net`): the job's later groups across hosts on it are
+    priced from it instead of probing again (rank 0 of each decides, so they all agree)."""
+    _NET_PROBED[backend] = link
+
+
+def shared_link(inter: LinkCost, per_host: int) -> LinkCost:
+    """The hosts' link as ``per_host`` ranks crossing it at once each see it (``shard_inter``,
+    where no calibration measured ``net_rails``): ``per_host`` times its β."""
+    return LinkCost(inter.alpha, inter.beta * per_host, inter.gamma)
 
 
 def local_model(engine, layout) -> GroupModel:
     """Rank 0's model for a group on ``engine`` (its name, size and devices) with host layout
     ``layout``: what :func:`model_to_bytes` sends to the other ranks. Never raises: a failure
     gives the defaults, saying why."""
-    table, source, known = None, "the engine moves no CPU memory", 0
+    table, source, known, net_default = None, "the engine moves no CPU memory", 0, False
     key = entry_key(engine.name, engine.size, layout.host_count)
     if "cpu" in engine.devices:
         try:
-            table, source, known = _local_table(engine.name, engine.size, layout)
+            table, source, known, net_default = _local_table(engine.name, engine.size, layout)
         except Exception as exc:  # noqa: BLE001 - rank 0 must still send a model, or the others wait
             log.warning("commlib: building the cost model failed (%s: %s); using the defaults",
                         type(exc).__name__, exc)
@@ -180,23 +209,26 @@ def local_model(engine, layout) -> GroupModel:
     # or fewer jobs than RUNS probed.
     unsure = known == -1 or 0 < known < RUNS
     budget = config.get("autotune") if unsure and engine.size > 1 and layout.host_count == 1 else 0.0
+    # ... and the link between hosts, where nothing measured it (commlib.tuning.probe.net_link)
+    probe_net = net_default and config.get("autotune") > 0
     return GroupModel(table, source, gpu_table() if "cuda" in engine.devices else None,
                       budget or 0.0, key, max(known, 0) if budget else 0,
-                      config.get("autotune_recheck") if budget else ())
+                      config.get("autotune_recheck") if budget else (), probe_net)
 
 
 def model_to_bytes(model: GroupModel) -> bytes:
     table = None if model.table is None else _table_json(model.table)
     return json.dumps({"table": table, "source": model.source, "probe": model.probe,
                        "key": model.key, "probed": model.probed,
-                       "recheck": list(model.recheck)}).encode()
+                       "recheck": list(model.recheck), "probe_net": model.probe_net}).encode()
 
 
 def model_from_bytes(payload: bytes, devices) -> GroupModel:
     doc = json.loads(payload.decode())
     table = None if doc["table"] is None else _table_from_json(doc["table"])
     return GroupModel(table, doc["source"], gpu_table() if "cuda" in devices else None,
-                      doc["probe"], doc["key"], doc["probed"], tuple(doc["recheck"]))
+                      doc["probe"], doc["key"], doc["probed"], tuple(doc["recheck"]),
+                      doc["probe_net"])
 
 
 def eligible(res, call: Call) -> list[str]:
