@@ -231,8 +231,8 @@ OPTIONS: dict[str, Option] = {
                "the minimum, after which jobs read it without probing). It also measures one "
                "point-to-point step as the ranks see it when they outnumber the cores. `0` or "
                "`off`: never; the nearest calibrated size's link costs are used, as `explain` "
-               "says. A group across hosts whose tuning file entry has no measured link between "
-               "hosts times that link instead (a ping-pong of 4 KiB and 1 MiB between two hosts, "
+               "says. A group of one rank per host whose tuning file entry has no measured link "
+               "between hosts times that link instead (a ping-pong of 4 KiB and 1 MiB between two hosts, "
                "about 70 ms at 1 Gb/s; not saved), unless this is `0`. Described in "
                "docs/tuning.md, \"In-job calibration\"."),
         Option("autotune_recheck", (5.0, 60.0, 240.0), _parse_recheck,

@@ -61,7 +61,7 @@ class GroupModel:
     #: probed.
     recheck: tuple[float, ...] = ()
     #: Whether the group times the link between its hosts at creation (rank 0's decision: a
-    #: group on several hosts, as many ranks on each, whose tuning file entry has no measured
+    #: group of one rank on each of several hosts whose tuning file entry has no measured
     #: ``net`` link, and ``COMMLIB_AUTOTUNE`` not 0; :func:`commlib.tuning.probe.net_link`):
     #: else the link is priced as a 100 Gb/s NIC's (``DEFAULT_LINKS["net"]``).
     probe_net: bool = False
@@ -123,7 +123,8 @@ def _local_table(backend: str, size: int, layout) -> tuple[Table, str, int, bool
     """Rank 0's view: the tuning file's entry for this group's shape (size, hosts), else
     defaults with the probe; what the file had for it: -1 nothing, 0 a calibration, k the
     probes of k jobs (:data:`commlib.tuning.probe.RUNS` make it final); and whether the link
-    between hosts is priced from defaults (a group across hosts whose entry measured none).
+    between hosts is worth timing in the job (:func:`local_model`: one rank per host, and
+    neither the file nor an earlier group of the job measured it).
     Across hosts: intra-host links from the host's own entry if the group's has none, and
     ``net`` defaults where the file has no measured ``net`` link."""
     hosts = layout.host_count
@@ -149,7 +150,7 @@ def _local_table(backend: str, size: int, layout) -> tuple[Table, str, int, bool
             source = f"tuning file, nearest entry to {key} (link costs only)"
     else:
         table, source = _default_table(), why
-    net_default = False
+    unmeasured_net = False
     if hosts > 1 and layout.uniform:
         per_host = layout.ranks_per_host
         table.local = per_host
@@ -160,19 +161,19 @@ def _local_table(backend: str, size: int, layout) -> tuple[Table, str, int, bool
                 source += f"; intra-host link from entry {entry_key(backend, per_host)}"
         if "net" in links:
             table.inter = link_from_json(links["net"])
-        elif backend in _NET_PROBED:  # an earlier group of the job measured it
+        elif per_host == 1 and backend in _NET_PROBED:  # an earlier group of the job measured it
             net = _NET_PROBED[backend]
             table.inter = LinkCost(net.alpha, net.beta, table.link.gamma, None, net.busy)
             source += f"; {describe_net(net)} for an earlier group"
         else:  # the NIC's defaults; the ranks still reduce on this host's cores (its γ)
-            net_default = True
+            unmeasured_net = per_host == 1
             net = DEFAULT_LINKS["net"]
             table.inter = LinkCost(net.alpha, net.beta, table.link.gamma)
         if "net_rails" in links:
             table.shard_inter = link_from_json(links["net_rails"])
         else:  # every local rank's shard crosses at once: they share the hosts' links
             table.shard_inter = shared_link(table.inter, per_host)
-    return table, source, known, net_default
+    return table, source, known, unmeasured_net
 
 
 # The link between hosts as the job's in-job probe measured it, by engine (remember_net).
@@ -196,11 +197,11 @@ def local_model(engine, layout) -> GroupModel:
     """Rank 0's model for a group on ``engine`` (its name, size and devices) with host layout
     ``layout``: what :func:`model_to_bytes` sends to the other ranks. Never raises: a failure
     gives the defaults, saying why."""
-    table, source, known, net_default = None, "the engine moves no CPU memory", 0, False
+    table, source, known, unmeasured_net = None, "the engine moves no CPU memory", 0, False
     key = entry_key(engine.name, engine.size, layout.host_count)
     if "cpu" in engine.devices:
         try:
-            table, source, known, net_default = _local_table(engine.name, engine.size, layout)
+            table, source, known, unmeasured_net = _local_table(engine.name, engine.size, layout)
         except Exception as exc:  # noqa: BLE001 - rank 0 must still send a model, or the others wait
             log.warning("commlib: building the cost model failed (%s: %s); using the defaults",
                         type(exc).__name__, exc)
@@ -209,8 +210,13 @@ def local_model(engine, layout) -> GroupModel:
     # or fewer jobs than RUNS probed.
     unsure = known == -1 or 0 < known < RUNS
     budget = config.get("autotune") if unsure and engine.size > 1 and layout.host_count == 1 else 0.0
-    # ... and the link between hosts, where nothing measured it (commlib.tuning.probe.net_link)
-    probe_net = net_default and config.get("autotune") > 0
+    # ... and the link between hosts, for a group of one rank per host that nothing measured
+    # (commlib.tuning.probe.net_link). With several ranks per host the measured link alone made
+    # the model worse: it prices every step of a flat algorithm on that link and the
+    # hierarchical one's stages inside a host from the one-host defaults, and at 2 hosts x 2
+    # ranks chose the hierarchical all-reduce from 16 KiB on, 1.2-7.5x slower than MPI's up to
+    # 256 KiB (docs/tuning.md); a calibration measures both.
+    probe_net = unmeasured_net and config.get("autotune") > 0
     return GroupModel(table, source, gpu_table() if "cuda" in engine.devices else None,
                       budget or 0.0, key, max(known, 0) if budget else 0,
                       config.get("autotune_recheck") if budget else (), probe_net)
