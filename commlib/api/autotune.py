@@ -1,9 +1,9 @@
 """In-job calibration: a new group whose shape the tuning file does not know times its own
 all-reduce algorithms and keeps the result (what is measured and how it becomes the model:
 :mod:`commlib.tuning.probe`; switched by ``COMMLIB_AUTOTUNE``), and checks it later in the job
-(``COMMLIB_AUTOTUNE_RECHECK``). A group across hosts whose link between hosts nothing measured
-times that link with a short ping-pong (:func:`_probe_net`) instead of pricing it as a 100 Gb/s
-NIC's: what its algorithm choices and ``ddp_bucket_mb``'s bucket sizes are made from.
+(``COMMLIB_AUTOTUNE_RECHECK``). A group of one rank per host whose link between hosts nothing
+measured times that link with a short ping-pong (:func:`_probe_net`) instead of pricing it as a
+100 Gb/s NIC's: what its algorithm choices and ``ddp_bucket_mb``'s bucket sizes are made from.
 
 Collective over the group, right after the group is built (``commlib.init``, ``new_group``,
 ``Mesh``) and at the checks (:class:`_Recheck`, from the group's all-reduce calls), on every
@@ -32,7 +32,7 @@ from ..tuning.model import LinkCost
 from ..tuning.probe import (CHECK_UNITS, DROP_FROM, LOOP_SECONDS, NET_REPS, NET_SIZES, ROUNDS,
                             RUNS, SIZES, check_plan, cut_short, describe, describe_net, merge,
                             net_link, repetitions, ring_link, stale, still_racing, units)
-from ..tuning.selector import GroupModel, eligible, remember_net, shared_link
+from ..tuning.selector import GroupModel, eligible, remember_net
 from .collectives import all_reduce, broadcast
 from .groups import GROUP_HOOKS
 from .p2p import recv, send
@@ -124,8 +124,8 @@ def _probe_net(group) -> None:
         link = net_link(one_way, group.model.table.inter)
         if group.rank == me and link is not None:
             fit[0], fit[1] = link.alpha, link.beta
-    # The other ranks wait asleep: spinning, they took the cores from the two timing it (at 2 hosts
-    # x 2 ranks on 2 cores the 4 KiB one-way time read 0.7 ms instead of 0.03)
+    # The other ranks wait asleep: spinning, they take the cores from the two timing it (tried at
+    # 2 hosts x 2 ranks on 2 cores, the 4 KiB one-way time read 0.7 ms, 0.11 ms with them asleep)
     work = broadcast(fit, group=group, group_src=me, async_op=True)
     while not work.is_completed():
         time.sleep(NAP_S)
@@ -136,7 +136,7 @@ def _probe_net(group) -> None:
         return
     model, table = group.model, copy.copy(group.model.table)
     table.inter = LinkCost(alpha, beta, table.inter.gamma, None, table.inter.busy)
-    table.shard_inter = shared_link(table.inter, group.resources.layout.ranks_per_host)
+    table.shard_inter = table.inter  # one rank per host: no other rank's shard shares it
     remember_net(group.backend.name, table.inter)
     source = f"{model.source}; {describe_net(table.inter)}"
     group.resources.model = dataclasses.replace(model, table=table, source=source,

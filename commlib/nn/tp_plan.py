@@ -121,6 +121,7 @@ from commlib.topology import load as load_topology
 from commlib.tuning import calibration
 from commlib.tuning.machine import plan_machine
 from commlib.tuning.model import DEFAULT_LINKS, HOP_LATENCY_US, LinkCost, Table, predict
+from commlib.tuning.selector import shared_link
 
 from ._panels import summa_panels
 
@@ -740,7 +741,7 @@ def local_machine(tuning_file, engine: str, ranks: int, hosts: int = 1, *,
         if spanned > 1:
             links = net_links(size, spanned)
             net = links.get("net", DEFAULT_LINKS["net"])
-            rails = links.get("net_rails") or LinkCost(net.alpha, net.beta * per_host, net.gamma)
+            rails = links.get("net_rails") or shared_link(net, per_host)
             table.local = local
             table.inter = net if min(stride, per_host) == 1 else rails
             table.shard_inter = rails
