@@ -46,8 +46,8 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import threading
 import sys
+import threading
 import time
 
 import torch
@@ -126,11 +126,12 @@ def thread_cpu() -> dict[str, float]:
         try:
             with open(f"/proc/self/task/{tid}/schedstat") as f:
                 ns = int(f.read().split()[0])
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                comm = f.read().strip()
+            name = named.get(int(tid))
+            if name is None:  # not a Python thread: its kernel name
+                with open(f"/proc/self/task/{tid}/comm") as f:
+                    name = f.read().strip()
         except (OSError, ValueError, IndexError):
             continue  # the thread ended meanwhile
-        name = named.get(int(tid), comm)
         out[name] = out.get(name, 0.0) + ns * 1e-9
     return out
 

@@ -28,7 +28,6 @@ from ..algorithms.registry import Call
 from ..ops import ReduceOp
 from ..tuning.calibration import make_entry, put_entry, table_for, tuning_path
 from ..runtime.plans import forget
-from ..tuning.model import LinkCost
 from ..tuning.probe import (CHECK_UNITS, DROP_FROM, LOOP_SECONDS, NET_REPS, NET_SIZES, ROUNDS,
                             RUNS, SIZES, check_plan, cut_short, describe, describe_net, merge,
                             net_link, repetitions, ring_link, stale, still_racing, units)
@@ -78,10 +77,7 @@ def _probe(group, budget: float, previous: dict[str, dict[int, float]]
     entry = make_entry({"shm": link}, {"all_reduce": points}, probe)
     backend, key = group.backend.name, model.key
     table = table_for({"groups": {key: entry}}, backend, group.size)
-    group.resources.model = GroupModel(table, f"{how} (entry {key})", model.gpu, 0.0, key, runs)
-    group.resources.choices.clear()  # choices made from the old model
-    forget(group)
-    log.info("group %s: %s", group.name, how)
+    _use(group, GroupModel(table, f"{how} (entry {key})", model.gpu, 0.0, key, runs), how)
     if group.rank == 0:
         try:
             put_entry(tuning_path(), key, entry)
@@ -121,8 +117,8 @@ def _probe_net(group) -> None:
                 if k:
                     best = min(best, time.perf_counter() - start)
             one_way[nbytes] = best / 2
-        link = net_link(one_way, group.model.table.inter)
-        if group.rank == me and link is not None:
+        link = net_link(one_way, group.model.table.inter) if group.rank == me else None
+        if link is not None:
             fit[0], fit[1] = link.alpha, link.beta
     # The other ranks wait asleep: spinning, they take the cores from the two timing it (tried at
     # 2 hosts x 2 ranks on 2 cores, the 4 KiB one-way time read 0.7 ms, 0.11 ms with them asleep)
@@ -135,15 +131,19 @@ def _probe_net(group) -> None:
                  group.name)
         return
     model, table = group.model, copy.copy(group.model.table)
-    table.inter = LinkCost(alpha, beta, table.inter.gamma, None, table.inter.busy)
+    table.inter = dataclasses.replace(table.inter, alpha=alpha, beta=beta, curve=None)
     table.shard_inter = table.inter  # one rank per host: no other rank's shard shares it
     remember_net(group.backend.name, table.inter)
     source = f"{model.source}; {describe_net(table.inter)}"
-    group.resources.model = dataclasses.replace(model, table=table, source=source,
-                                                probe_net=False)
-    group.resources.choices.clear()  # choices made from the old model
+    _use(group, dataclasses.replace(model, table=table, source=source, probe_net=False), source)
+
+
+def _use(group, model: GroupModel, what: str) -> None:
+    """Make ``model`` the group's, dropping the choices and plans made from the old one."""
+    group.resources.model = model
+    group.resources.choices.clear()
     forget(group)
-    log.info("group %s: %s", group.name, source)
+    log.info("group %s: %s", group.name, what)
 
 
 def _points(model) -> dict[str, dict[int, float]]:

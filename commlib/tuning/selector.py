@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -163,7 +163,7 @@ def _local_table(backend: str, size: int, layout) -> tuple[Table, str, int, bool
             table.inter = link_from_json(links["net"])
         elif per_host == 1 and backend in _NET_PROBED:  # an earlier group of the job measured it
             net = _NET_PROBED[backend]
-            table.inter = LinkCost(net.alpha, net.beta, table.link.gamma, None, net.busy)
+            table.inter = replace(net, gamma=table.link.gamma)
             source += f"; {describe_net(net)} for an earlier group"
         else:  # the NIC's defaults; the ranks still reduce on this host's cores (its γ)
             unmeasured_net = per_host == 1
