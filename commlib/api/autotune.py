@@ -92,7 +92,7 @@ NAP_S = 1e-3  # the pause between polls of the ranks waiting for the link's ping
 
 def _probe_net(group) -> None:
     """Time a ping-pong between the first ranks of the group's first two hosts (NET_SIZES, the
-    fastest of NET_REPS round trips each) and price the link between hosts from it, on every
+    fastest of NET_REPS round trips at each) and price the link between hosts from it, on every
     rank: the first host's rank measures and broadcasts ``(α, β)``; where the fit fails (the time
     did not grow with the size) the defaults stay. Not saved: a calibration
     (``bench/calibrate.py``) measures the links with the curves, and a job that has one skips
@@ -103,10 +103,10 @@ def _probe_net(group) -> None:
     fit = torch.zeros(2, dtype=torch.float64)
     if group.rank in (me, peer):
         one_way = {}
-        for nbytes in NET_SIZES:
+        for nbytes, reps in zip(NET_SIZES, NET_REPS):
             buf = torch.zeros(nbytes, dtype=torch.uint8)
             best = float("inf")
-            for k in range(NET_REPS + 1):  # the first round trip untimed: connections, buffers
+            for k in range(reps + 1):  # the first round trip untimed: connections, buffers
                 start = time.perf_counter()
                 if group.rank == me:
                     send(buf, group=group, group_dst=peer)
