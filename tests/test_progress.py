@@ -7,7 +7,9 @@ tests/test_shm.py::test_killed_rank_gives_the_others_an_error (``async``)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 
 import pytest
 
@@ -15,7 +17,7 @@ from conftest import MPI_DIR, run_cmd, run_mpi_hosts
 from test_torch_backend import run_torch
 
 import commlib
-from commlib.runtime.progress import choose_lane, set_progress
+from commlib.runtime.progress import _Progress, choose_lane, set_progress
 
 CASES = ["case_progress_while_computing", "case_no_progress_without_the_thread",
          "case_auto_thread_only_where_a_core_is_free", "case_async_beside_blocking"]
@@ -58,6 +60,28 @@ def test_pauses_per_lane(monkeypatch):
     monkeypatch.setenv("COMMLIB_PROGRESS_REMOTE_FAST_US", "0")
     with pytest.raises(commlib.CommConfigError, match="COMMLIB_PROGRESS_REMOTE_FAST_US"):
         remote.pauses()
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="no SCHED_BATCH: not Linux")
+@pytest.mark.parametrize("batch", ["1", "0"])
+def test_the_thread_across_hosts_is_a_batch_task(monkeypatch, batch):
+    """The remote lane's thread runs as SCHED_BATCH (its wake-ups do not preempt the compute),
+    unless ``COMMLIB_PROGRESS_REMOTE_BATCH=0``; the one-host lane's never."""
+    monkeypatch.setenv("COMMLIB_PROGRESS_REMOTE_BATCH", batch)
+    want = os.SCHED_BATCH if batch == "1" else os.SCHED_OTHER
+    for thread, policy in ((_Progress("remote", 0, "progress_remote_fast_us",
+                                      "progress_remote_batch"), want),
+                           (_Progress("local", 19), os.SCHED_OTHER)):
+        thread.kick()
+        try:
+            deadline = time.monotonic() + 10
+            while thread.timer_slack_ns is None and time.monotonic() < deadline:
+                time.sleep(0.01)  # set after the policy: the thread's setup is done
+            assert thread.timer_slack_ns is not None
+            assert os.sched_getscheduler(thread._thread.native_id) == policy, thread.lane
+            assert thread.batch == (policy == os.SCHED_BATCH)
+        finally:
+            thread.stop()
 
 
 def test_next_pause_is_fast_after_a_move_or_while_the_caller_waits():

@@ -298,7 +298,15 @@ OPTIONS: dict[str, Option] = {
                "Niceness of the progress thread serving groups on one host (Linux). Their "
                "progress is copying on the cores the compute uses: at 19 it takes the room the "
                "compute leaves instead of a core (measured in docs/overlap.md). Groups across "
-               "hosts are served by a thread at normal priority."),
+               "hosts are served by a thread at normal priority "
+               "(`COMMLIB_PROGRESS_REMOTE_BATCH`)."),
+        Option("progress_remote_batch", True, _parse_bool,
+               "Run the progress thread serving groups across hosts as a batch task (Linux "
+               "`SCHED_BATCH`, same priority): its wake-ups then wait for the compute thread's "
+               "next switch instead of preempting it. At its fast pace it wakes hundreds of times "
+               "a DDP step: at 2 hosts x 1 rank on 2 cores the caller's thread was preempted "
+               "490-550 times a step as a normal task, 17-27 as a batch one (gloo's threads: "
+               "110-150), and the backward ran 15-20 ms shorter (docs/torch-backend-bench.md)."),
         Option("progress_min_us", 50, _parse_positive_int,
                "The progress thread's first pause, in microseconds, after a pass that completed "
                "nothing; it doubles up to `COMMLIB_PROGRESS_MAX_US` while nothing completes."),

@@ -33,7 +33,8 @@ Every operation is a generator that yields lists of backend handles and finishes
   (MPI moves data only inside its calls, and MPICH's own asynchronous-progress thread spins a
   core). Two threads, two lanes (:class:`_Lanes`): groups on one host are served by a niced
   thread, since their progress is copying on the cores the compute uses; groups across hosts by
-  a thread at normal priority, which must answer the network promptly. A thread holds the GIL
+  a thread at normal priority, which must answer the network promptly, run as a batch task so
+  that its many wake-ups do not preempt the compute (:func:`set_batch`). A thread holds the GIL
   only while it tests handles and runs an operation's next step (torch compute releases the
   GIL), and stays off while the caller's thread drives operations itself (``_DRIVING``).
   Engines that cannot be driven from a second thread (``Backend.progress_in_thread`` False: the
@@ -533,6 +534,20 @@ def set_timer_slack(ns: int) -> int | None:
     return slack if slack >= 0 else None
 
 
+def set_batch() -> bool:
+    """Make the calling thread a batch task (Linux ``SCHED_BATCH``, same priority): the kernel
+    then never preempts a running thread to run it when it wakes; it runs at the running one's
+    next switch or on an idle core. Whether that took (False where there is no such policy)."""
+    policy = getattr(os, "SCHED_BATCH", None)
+    if policy is None or not hasattr(threading, "get_native_id"):
+        return False
+    try:
+        os.sched_setscheduler(threading.get_native_id(), policy, os.sched_param(0))
+    except OSError:
+        return False
+    return True
+
+
 def _idle(work: Work, seconds: float) -> None:
     """Wait up to ``seconds`` for ``work`` to make progress, always blocking, never spinning: in
     the engine where its pending handle can wait that way (``wait_for``: a shared-memory step
@@ -554,14 +569,18 @@ def _idle(work: Work, seconds: float) -> None:
 class _Progress:
     """A progress thread: advances the pending ``Work``s of its lane while the caller's thread
     computes (see the module docstring). Started by the lane's first asynchronous operation,
-    stopped by ``finalize``. ``nice``: the thread's niceness (Linux; 0 elsewhere)."""
+    stopped by ``finalize``. ``nice``: the thread's niceness (Linux; 0 elsewhere);
+    ``batch_option``: the option that makes it a batch task (:func:`set_batch`)."""
 
-    def __init__(self, lane: str, nice: int, fast_option: str | None = None):
+    def __init__(self, lane: str, nice: int, fast_option: str | None = None,
+                 batch_option: str | None = None):
         self.lane, self.nice, self.fast_option = lane, nice, fast_option
+        self.batch_option = batch_option
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._stop = False
         self.timer_slack_ns: int | None = None  # the thread's, once it runs (TIMER_SLACK_NS)
+        self.batch = False  # whether it runs as a batch task (``batch_option``, set_batch)
 
     def kick(self) -> None:
         if self._thread is None:
@@ -589,6 +608,8 @@ class _Progress:
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
             except OSError:
                 pass
+        if self.batch_option is not None and config.get(self.batch_option):
+            self.batch = set_batch()
         self.timer_slack_ns = set_timer_slack(TIMER_SLACK_NS)  # its pauses as asked
         lo, fast, hi = self.pauses()
         interval = lo
@@ -658,14 +679,17 @@ class _Lanes:
     ``local`` thread, niced (``COMMLIB_PROGRESS_NICE``): their progress is copying (shared
     memory, or the engine's own shared-memory path) on the cores the compute uses, so it runs
     where the compute leaves room instead of taking a core from it. Operations of a group that
-    spans hosts go to the ``remote`` thread, at normal priority: it must answer the network
-    promptly and costs little CPU. Engines that cannot be driven from another thread
+    spans hosts go to the ``remote`` thread, at normal priority (it must answer the network
+    promptly), as a batch task (``COMMLIB_PROGRESS_REMOTE_BATCH``): at its fast pace it wakes
+    hundreds of times a DDP step, and each wake-up of a normal task preempted the caller's
+    compute on its core. Engines that cannot be driven from another thread
     (``Backend.progress_in_thread`` False) get neither."""
 
     def __init__(self):
         self.mode = config.get("progress")
         self.threads = {"local": _Progress("local", config.get("progress_nice")),
-                        "remote": _Progress("remote", 0, "progress_remote_fast_us")}
+                        "remote": _Progress("remote", 0, "progress_remote_fast_us",
+                                            "progress_remote_batch")}
 
     def stop(self) -> None:
         for thread in self.threads.values():
