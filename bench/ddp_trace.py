@@ -34,7 +34,9 @@ where the group allows: across hosts) and ``int8-call``, the same run in the hoo
 ``--threads`` adds, per row, the CPU time of each of the process's threads during the step (Linux:
 ``/proc/self/task/*/schedstat``), by thread: ``main`` (the caller: forward, backward, DDP's
 reducer), Python's threads by name (``commlib-progress-remote``, ``commlib-callbacks``) and the
-others by their kernel name (gloo's, UCX's, torch's): where the communication's CPU goes.
+others by their kernel name (gloo's, UCX's, torch's): where the communication's CPU goes; and how
+many times a step the kernel preempted the main thread for another task (:func:`preempted`): what
+the communication's threads' wake-ups cost the compute beyond their CPU.
 
 The configurations take turns step by step (the order rotating, bench/ddp.py's
 :func:`~ddp.order_of`), so the host's slow phases fall on all alike, and the last lines give, per
@@ -90,6 +92,7 @@ class Traced(Config):
     def step(self) -> dict:
         self.events.clear()
         th0 = thread_cpu() if self.threads else None
+        pre0 = preempted() if self.threads else None
         c0 = time.process_time()
         t0 = time.perf_counter()
         self.opt.zero_grad(set_to_none=False)
@@ -103,6 +106,7 @@ class Traced(Config):
                "tail": 0.0, "last": None, "overlapped": None, "buckets": len(self.events)}
         if th0 is not None:
             row["threads"] = {k: v - th0.get(k, 0.0) for k, v in thread_cpu().items()}
+            row["preempted"] = preempted() - pre0
         if self.events:
             _, last, done = max(self.events, key=lambda e: e[1])
             comm = sum(d - i for _, i, d in self.events)
@@ -134,6 +138,19 @@ def thread_cpu() -> dict[str, float]:
             continue  # the thread ended meanwhile
         out[name] = out.get(name, 0.0) + ns * 1e-9
     return out
+
+
+def preempted() -> int:
+    """How many times the kernel has preempted this process's main thread (the caller: forward,
+    backward) to run another task: ``nonvoluntary_ctxt_switches`` (Linux); 0 elsewhere."""
+    try:
+        with open(f"/proc/self/task/{os.getpid()}/status") as f:
+            for line in f:
+                if line.startswith("nonvoluntary_ctxt_switches:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def _cap(text: str | None):
@@ -232,6 +249,9 @@ def main(argv=None) -> int:
             for c in cfgs:
                 out(f"# {c.name} threads, ms per step (median of steps, rank by rank): "
                     + _threads_line(COMM.allgather([r["threads"] for r in rows[c.name]])))
+                times = COMM.allgather(statistics.median(r["preempted"] for r in rows[c.name]))
+                out(f"# {c.name} main thread preempted, times per step (median of steps, rank by "
+                    f"rank): " + "/".join(f"{n:g}" for n in times))
         for name in names:
             if name not in ("gloo", "compute"):
                 ratios = [g / s for g, s in zip(slowest["gloo"], slowest[name])]

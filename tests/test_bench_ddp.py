@@ -88,7 +88,7 @@ def test_ddp_trace_reports_each_configuration():
 def test_ddp_trace_with_ddps_default_buckets_and_a_bad_size():
     """``--bucket-cap-mb ddp``: DDP's own buckets (the header says so, and on these tiny models
     every gradient fits DDP's first bucket: one); ``--threads``: each row's CPU by thread, the
-    caller's on every rank; a size that is not above 0 is refused."""
+    caller's on every rank, and the caller's preemptions; a size that is not above 0 is refused."""
     tiny = TINY[:TINY.index("--rounds")]
     proc = bench(2, "ddp_trace", "--models", "mlp", *tiny, "--steps", "1", "--bucket-cap-mb", "ddp",
                  "--threads")
@@ -97,6 +97,9 @@ def test_ddp_trace_with_ddps_default_buckets_and_a_bad_size():
         line = next(l for l in proc.stdout.splitlines() if l.startswith(f"# {name} threads"))
         main = re.search(r"main (\d+\.\d)/(\d+\.\d)(;|$)", line)
         assert main and float(main[1]) > 0 and float(main[2]) > 0, line
+        line = next(l for l in proc.stdout.splitlines()
+                    if l.startswith(f"# {name} main thread preempted"))
+        assert re.search(r"rank\): \d+(\.\d+)?/\d+(\.\d+)?$", line), line
     rows = {line.split("|")[0].strip(): line.split("|") for line in proc.stdout.splitlines()
             if "|" in line and not line.startswith("#")}
     assert rows["commlib"][-1].strip() == "1" and rows["gloo"][-1].strip() == "1", proc.stdout
