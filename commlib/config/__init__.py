@@ -305,8 +305,9 @@ OPTIONS: dict[str, Option] = {
                "`SCHED_BATCH`, same priority): its wake-ups then wait for the compute thread's "
                "next switch instead of preempting it. At its fast pace it wakes hundreds of times "
                "a DDP step: at 2 hosts x 1 rank on 2 cores the caller's thread was preempted "
-               "490-550 times a step as a normal task, 17-27 as a batch one (gloo's threads: "
-               "110-150), and the backward ran 15-20 ms shorter (docs/torch-backend-bench.md)."),
+               "393-617 times a step as a normal task, 38-48 as a batch one (on gloo: 89-153), "
+               "and commlib's backward went from 19-31 ms longer than gloo's to within -6..+9 "
+               "ms (docs/torch-backend-bench.md). Off: a normal task."),
         Option("progress_min_us", 50, _parse_positive_int,
                "The progress thread's first pause, in microseconds, after a pass that completed "
                "nothing; it doubles up to `COMMLIB_PROGRESS_MAX_US` while nothing completes."),
