@@ -534,12 +534,24 @@ def set_timer_slack(ns: int) -> int | None:
     return slack if slack >= 0 else None
 
 
+def set_nice(nice: int) -> bool:
+    """Set the calling thread's niceness (on Linux a thread is a task: this is the thread's own,
+    not the process's); whether that took."""
+    if not hasattr(os, "setpriority"):
+        return False
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    except OSError:
+        return False
+    return True
+
+
 def set_batch() -> bool:
     """Make the calling thread a batch task (Linux ``SCHED_BATCH``, same priority): the kernel
     then never preempts a running thread to run it when it wakes; it runs at the running one's
     next switch or on an idle core. Whether that took (False where there is no such policy)."""
     policy = getattr(os, "SCHED_BATCH", None)
-    if policy is None or not hasattr(threading, "get_native_id"):
+    if policy is None:
         return False
     try:
         os.sched_setscheduler(threading.get_native_id(), policy, os.sched_param(0))
@@ -603,11 +615,8 @@ class _Progress:
 
     def _run(self) -> None:
         torch.set_grad_enabled(False)  # communication is not differentiated (and per thread)
-        if self.nice and hasattr(os, "setpriority") and hasattr(threading, "get_native_id"):
-            try:  # on Linux a thread is a task: this sets the thread's own niceness
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
-            except OSError:
-                pass
+        if self.nice:
+            set_nice(self.nice)
         if self.batch_option is not None and config.get(self.batch_option):
             self.batch = set_batch()
         self.timer_slack_ns = set_timer_slack(TIMER_SLACK_NS)  # its pauses as asked
