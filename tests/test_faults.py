@@ -190,6 +190,14 @@ class Result:
     ended: float  # time.time() when the last process of the job exited
 
 
+def _kill(pid: int) -> None:
+    """SIGKILL ``pid`` unless it is already gone (it may exit between our look and the kill)."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def run_case(case: Case, tmp: str) -> Result:
     report = os.path.join(tmp, f"{case.id}.report")
     open(report, "w").close()
@@ -208,8 +216,8 @@ def run_case(case: Case, tmp: str) -> Result:
             if case.fault == "stop" and not killed_victim and text.count(" done\n") >= survivors:
                 # every survivor reported: the stopped victim is the test's to end
                 pid = re.search(rf"^rank {case.victim} pid (\d+) start$", text, re.M)
-                if pid:
-                    os.kill(int(pid.group(1)), signal.SIGKILL)
+                if pid:  # the launcher may have ended it already, when the survivors left
+                    _kill(int(pid.group(1)))
                 killed_victim = True
             time.sleep(0.1)
     finally:
@@ -219,10 +227,7 @@ def run_case(case: Case, tmp: str) -> Result:
         if hung:  # torchrun starts each rank in a session of its own: end the ranks too, or their
             # open stdout keeps communicate() below waiting for ever (seen in CI)
             for pid in re.findall(r"^rank \d+ pid (\d+) start$", open(report).read(), re.M):
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                _kill(int(pid))
         outputs = [p.communicate()[0] for p in procs]
     ended = time.time()
     # the launchers have exited: their processes must be gone (a moment for the kernel)
@@ -230,7 +235,7 @@ def run_case(case: Case, tmp: str) -> Result:
     while (left := _alive_in(sessions)) and time.monotonic() < deadline:
         time.sleep(0.1)
     for pid in left:
-        os.kill(pid, signal.SIGKILL)
+        _kill(pid)
     text = open(report).read()
     pids = set(re.findall(r"^rank \d+ pid (\d+) start$", text, re.M))
     shm = [f for f in os.listdir("/dev/shm")
