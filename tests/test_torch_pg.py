@@ -51,15 +51,17 @@ def test_torch_clients_on_commlib_backend_under_mpiexec():
         assert f"ok {case} (world size 3)" in out, out
 
 
-def _launch(n: int, case: str, timeout: float, **env):
+def _launch(n: int, case: str, timeout: float, until=None, **env):
     """Start ``case`` on ``n`` torchrun-style ranks; return each rank's (exit code, seconds from
-    start to exit, stderr), killing what is still alive after ``timeout``."""
+    start to exit, stderr), killing what is still alive after ``timeout``, or once the ranks
+    ``until`` (default: all) have ended."""
     start = time.monotonic()
     procs = [subprocess.Popen([sys.executable, str(PG_CASES), case], cwd=ROOT, env=e, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
              for e in torchrun_env(n, **env)]
     ended = [None] * n
-    while any(e is None for e in ended) and time.monotonic() - start < timeout:
+    awaited = range(n) if until is None else until
+    while any(ended[i] is None for i in awaited) and time.monotonic() - start < timeout:
         for i, p in enumerate(procs):
             if ended[i] is None and p.poll() is not None:
                 ended[i] = time.monotonic() - start
@@ -93,8 +95,9 @@ def test_rank_failing_in_backward_ends_every_rank(progress):
 
 def test_uneven_inputs_end_with_a_timeout():
     """DDP without join(), rank 0 one step more: its unmatched all-reduce fails with
-    CommTimeoutError within the timeout (10 s) plus 5 s, while rank 1 is still alive."""
-    results = _launch(2, "case_uneven_inputs", 45, COMMLIB_TIMEOUT="10")
+    CommTimeoutError within the timeout (10 s) plus 5 s, while rank 1 is still alive (it sleeps
+    60 s: ended by the test once rank 0 has)."""
+    results = _launch(2, "case_uneven_inputs", 45, until=[0], COMMLIB_TIMEOUT="10")
     code, seconds, err = results[0]
     assert seconds is not None and code == 1, (code, seconds, err[-2000:])
     assert re.search(TYPED.replace("Backend|", ""), err), err[-2000:]

@@ -19,7 +19,8 @@ the reduce-scatter)::
 With ``c = 1`` that is the step model of a ring that overlaps one block's transfer with one
 block's matmul: ``(p-1)·max(U, T) + U``. Where transfers are copies by the same cores that
 compute (CPU tensors, ranks on one host: ``serial``), nothing overlaps and the two add up:
-``T(c) = p·c·u + (p-1)·c·t``. Candidate ``c = 0`` is no decomposition at all: commlib's own
+``T(c) = p·c·u + (p-1)·c·t``, printed for ``explain``, and the plan never decomposes unless
+forced (pieces only add there). Candidate ``c = 0`` is no decomposition at all: commlib's own
 collective (whatever its selection runs: shared memory on one host, hierarchical across hosts),
 then one matmul, ``T(0) = collective + U`` from the same cost model. The candidates are ``c = 0,
 1, 2, 4, ...`` up to :data:`MAX_CHUNKS` and the rows of a block; the plan takes the fewest pieces
@@ -225,6 +226,12 @@ def plan(kind: str, a_shape: tuple[int, ...], b_shape: tuple[int, ...], dtype: t
         if chunks is not None:
             best = by_chunks[chunks]
             why = f"forced (chunks={chunks})"
+        elif serial:
+            # pieces cannot hide transfers made by the computing cores; a decomposition would win
+            # only where the model prices the ring's hops below the collective the selector chose,
+            # two estimates from different sources (once 8% apart, uncalibrated), not overlap
+            best = by_chunks[0]
+            why = "overlap cannot hide the transfers here (they use the cores that compute)"
         else:
             fastest = min(cands, key=lambda x: x.total_s)
             best = next(x for x in cands if x.total_s <= fastest.total_s * (1 + MIN_GAIN))
@@ -238,8 +245,7 @@ def plan(kind: str, a_shape: tuple[int, ...], b_shape: tuple[int, ...], dtype: t
                 why += (f"; {(1 - best.total_s / one.total_s):.0%} below 1 chunk "
                         f"({one.total_s * 1e6:.1f} us)")
             if not best.chunks:
-                why += ("; overlap cannot hide the transfers here (they use the cores that "
-                        "compute)" if serial else "; overlap is not predicted to gain more")
+                why += "; overlap is not predicted to gain more"
         if best.chunks:
             bound = "communication" if best.comm_s >= best.compute_s else "compute"
             why += f"; {bound}-bound"
