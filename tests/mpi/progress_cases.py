@@ -26,6 +26,7 @@ from commlib.topology.affinity import host_cpu_count
 # polling on cores they outnumber, it gets ~1.5% of a core and each of its wake-ups may wait tens
 # of ms (0.6 s was once not enough for a 1 MiB ring at 3 ranks on gloo). 2 s leaves room.
 COMPUTE_S = 2.0
+COMPUTE_ALL_S = 4.0  # while every algorithm's operations are in flight at once (five or six)
 COUNT = 1 << 18  # 1 MiB of float32
 
 
@@ -63,39 +64,42 @@ def _issue(kind: str, algo: str):
     return w, lambda: torch.equal(out, want)
 
 
-def _race(kind: str, algo: str):
-    """Rank 0 computes while the others wait; returns (rank 0 completed after its compute,
-    rank 0's compute end, the other ranks' wait ends), the same on every rank."""
-    r = commlib.get_rank()
+def _race(ops, seconds: float = COMPUTE_S):
+    """The operations ``ops`` ((kind, algorithm) pairs) issued together, then rank 0 computes for
+    ``seconds`` while the others wait for them; returns (for each, whether rank 0 found it
+    completed right after its compute; rank 0's compute end; the other ranks' wait ends), the
+    same on every rank."""
+    r, k = commlib.get_rank(), len(ops)
     commlib.barrier()
-    work, check = _issue(kind, algo)
-    completed, ended = True, 0.0
+    issued = [_issue(kind, algo) for kind, algo in ops]
+    completed, ended = [True] * k, 0.0
     if r == 0:
-        ended = compute(COMPUTE_S)
-        completed = work.is_completed()
-    work.wait()
+        ended = compute(seconds)
+        completed = [work.is_completed() for work, _ in issued]
+    for work, _ in issued:
+        work.wait()
     waited = time.monotonic()
-    assert check(), f"{kind} {algo}: wrong result on rank {r}"
-    times = torch.tensor([float(completed), ended, waited], dtype=torch.float64)
-    rows = torch.empty(commlib.get_world_size() * 3, dtype=torch.float64)
+    for (kind, algo), (_, check) in zip(ops, issued):
+        assert check(), f"{kind} {algo}: wrong result on rank {r}"
+    times = torch.tensor([*map(float, completed), ended, waited], dtype=torch.float64)
+    rows = torch.empty(commlib.get_world_size() * (k + 2), dtype=torch.float64)
     commlib.all_gather_into_tensor(rows, times)
-    rows = rows.view(-1, 3)
-    return bool(rows[0, 0]), float(rows[0, 1]), rows[1:, 2].tolist()
+    rows = rows.view(-1, k + 2)
+    return [bool(x) for x in rows[0, :k]], float(rows[0, k]), rows[1:, k + 1].tolist()
 
 
 def case_progress_while_computing():
-    """Every algorithm, all-reduce and all-gather: complete when rank 0's compute ends, and the
-    other ranks were not held up by it."""
+    """Every algorithm, all-reduce and all-gather, all in flight at once: complete when rank 0's
+    compute ends, and the other ranks were not held up by it."""
     set_progress("thread")
-    for kind in ("all_reduce", "all_gather"):
-        for algo in algorithms():
-            if kind == "all_gather" and algo == "shm_twoshot":
-                algo = "shm"
-            completed, ended, waits = _race(kind, algo)
-            assert completed, f"{kind} {algo}: not completed by the end of rank 0's compute"
-            late = [w - ended for w in waits if w > ended]
-            assert not late, (f"{kind} {algo}: ranks waited {late} s past rank 0's compute: "
-                              f"nothing advanced rank 0's side meanwhile")
+    ops = [(kind, "shm" if kind == "all_gather" and algo == "shm_twoshot" else algo)
+           for kind in ("all_reduce", "all_gather") for algo in algorithms()]
+    completed, ended, waits = _race(ops, COMPUTE_ALL_S)
+    missed = [op for op, done in zip(ops, completed) if not done]
+    assert not missed, f"{missed}: not completed by the end of rank 0's compute"
+    late = [w - ended for w in waits if w > ended]
+    assert not late, (f"{ops}: ranks waited {late} s past rank 0's compute: nothing advanced "
+                      f"rank 0's side meanwhile")
 
 
 def case_no_progress_without_the_thread():
@@ -105,9 +109,9 @@ def case_no_progress_without_the_thread():
         return
     previous = set_progress("wait")
     try:
-        for algo in ("ring",) + (("shm_twoshot",) if "shm_twoshot" in algorithms() else ()):
-            _, ended, waits = _race("all_reduce", algo)
-            assert all(w >= ended for w in waits), (algo, ended, waits)
+        algos = ("ring",) + (("shm_twoshot",) if "shm_twoshot" in algorithms() else ())
+        _, ended, waits = _race([("all_reduce", algo) for algo in algos])
+        assert all(w >= ended for w in waits), (algos, ended, waits)
     finally:
         set_progress(previous)
 
@@ -125,7 +129,7 @@ def case_auto_thread_only_where_a_core_is_free():
         assert lane == ("local" if free else None), (lane, n, host_cpu_count())
         if n < 2:
             return
-        completed, ended, waits = _race("all_reduce", "ring")
+        (completed,), ended, waits = _race([("all_reduce", "ring")])
         if free:
             assert completed and all(w <= ended for w in waits), (ended, waits)
         else:
