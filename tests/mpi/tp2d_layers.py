@@ -342,4 +342,6 @@ def case_layers_2d_errors():
 
 
 if __name__ == "__main__":
-    main(globals())
+    import tp2d_cases  # Linear2D's cases too: tests/test_tensor_parallel_2d.py runs both in one job
+
+    main(globals(), tp2d_cases)
