@@ -26,6 +26,8 @@ its own fixed batch) in the same processes. Configurations, per model:
   MPI's own ``Allreduce`` through commlib's path (:func:`native_hook`), a reference like gloo
   (the goal lines judge the ``commlib`` rows);
 * ``gloo``: ``DDP(model, process_group=gloo_group)``, default buckets;
+* ``gloo-tuned`` (only when ``--rows`` names it): gloo with ``commlib-tuned``'s buckets, so the
+  hidden share of the same buckets on gloo's transport is measured beside commlib's;
 * ``compute``: the same model without DDP, no communication: the reference.
 
 A step is ``zero_grad``, forward, an MSE loss, backward and an SGD update. Each round times
@@ -74,7 +76,8 @@ GOAL_SPEEDUP = 1.5    # issue 21: gloo / commlib step time, one host, communicat
 GOAL_HIDDEN = 0.6     # across hosts: share of the gradient all-reduces hidden behind backward
 RTOL = 1e-5           # parameters of every DDP copy against gloo's after the same steps
 DDP_ROWS = ("commlib", "commlib-tuned", "commlib-avg", "commlib-tuned-avg", "mpi", "gloo")
-ROWS = DDP_ROWS + ("compute",)
+EXTRA_ROWS = ("gloo-tuned",)  # run only when --rows names them
+ROWS = DDP_ROWS + EXTRA_ROWS + ("compute",)
 
 
 # ----- models -------------------------------------------------------------------------------
@@ -216,6 +219,7 @@ def configs_for(model: Model, gloo, bucket_view: bool = False,
                                                 hook=avg, **v),
             "mpi": lambda: Config("mpi", model, hook=native_hook, algorithm="native", **v),
             "gloo": lambda: Config("gloo", model, group=gloo, **v),
+            "gloo-tuned": lambda: Config("gloo-tuned", model, group=gloo, bucket_cap_mb=mb, **v),
             "compute": lambda: Config("compute", model, ddp=False)}
     cfgs = [make[name]() for name in ROWS if name in rows or name in ("gloo", "compute")]
     return cfgs, f"commlib-tuned: bucket_cap_mb {mb:.3g} from commlib.torch_backend.ddp_bucket_mb"
@@ -384,7 +388,7 @@ def run_model(model: Model, gloo, args, out, cpu: CpuGate, copies: CopyGate) -> 
                 c.samples["comm"].append(timed_slowest(c.comm_alone(args.steps), COMM)
                                          / args.steps)
     wrong = {c.name: wrong_elements(c.module, by["gloo"].module)
-             for c in cfgs if c.name in DDP_ROWS}
+             for c in cfgs if c.name != "compute"}
     compute_rounds = by["compute"].samples["step"]
     gloo_rounds = by["gloo"].samples["step"]
     compute = statistics.median(compute_rounds)
@@ -496,7 +500,7 @@ def main(argv=None) -> int:
                          "gradients are views into the buckets, no copies in and out")
     ap.add_argument("--rows", default=",".join(DDP_ROWS),
                     help="comma-separated DDP configurations to run (gloo and compute always "
-                         f"run); default all: {','.join(DDP_ROWS)}")
+                         f"run); default: {','.join(DDP_ROWS)}; also {','.join(EXTRA_ROWS)}")
     ap.add_argument("--steps", type=int, default=5, help="timed steps per configuration and round")
     ap.add_argument("--warmup", type=int, default=3,
                     help="untimed steps before the rounds (at least 3: DDP's bucket rebuild)")
@@ -507,11 +511,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     bad = [m for m in names if m not in MODELS]
-    bad_rows = [r for r in args.rows.split(",") if r not in DDP_ROWS]
+    bad_rows = [r for r in args.rows.split(",") if r not in DDP_ROWS + EXTRA_ROWS]
     if bad or bad_rows or not names or min(args.steps, args.rounds, args.warmup) < 1:
         if COMM.rank == 0:
             print(f"bench/ddp.py: --models takes {', '.join(MODELS)} (got {args.models!r}); "
-                  f"--rows takes {', '.join(DDP_ROWS)} (got {args.rows!r}); "
+                  f"--rows takes {', '.join(DDP_ROWS + EXTRA_ROWS)} (got {args.rows!r}); "
                   f"--steps, --rounds and --warmup must be >= 1", file=sys.stderr)
         return 2
 

@@ -47,15 +47,19 @@ def test_ddp_bench_runs_and_checks(tmp_path):
 
 
 def test_ddp_bench_runs_the_rows_asked_for():
-    """``--rows``: only those DDP configurations, beside the references gloo and compute; a row
-    that does not exist is refused, naming the ones that do."""
-    proc = bench(2, "ddp", "--models", "mlp", *TINY, "--rows", "commlib-tuned-avg")
+    """``--rows``: only those DDP configurations, beside the references gloo and compute, and
+    ``gloo-tuned`` (gloo with commlib's proposed buckets) only when asked for; a row that does
+    not exist is refused, naming the ones that do."""
+    proc = bench(2, "ddp", "--models", "mlp", *TINY, "--rows", "commlib-tuned-avg,gloo-tuned")
     rows = [line.split("|")[0].strip() for line in proc.stdout.splitlines()
             if "|" in line and not line.startswith("#")]
-    assert rows == ["commlib-tuned-avg", "gloo", "compute"], proc.stdout
-    assert ": 0 OK" in proc.stdout, proc.stdout
+    assert rows == ["commlib-tuned-avg", "gloo", "gloo-tuned", "compute"], proc.stdout
+    buckets = dict(re.findall(r"^#\s+(\S+) buckets: (.*)$", proc.stdout, re.M))
+    assert buckets["gloo-tuned"] == buckets["commlib-tuned-avg"], proc.stdout
+    assert ": 0 OK" in proc.stdout, proc.stdout  # gloo-tuned's parameters checked like the rest
     bad = bench(2, "ddp", "--models", "mlp", *TINY, "--rows", "commlib,nccl", check=False)
     assert bad.returncode == 2 and "--rows takes commlib, commlib-tuned" in bad.stderr, bad.stderr
+    assert "gloo-tuned" in bad.stderr, bad.stderr
 
 
 def test_ddp_trace_reports_each_configuration():
