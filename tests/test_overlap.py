@@ -67,7 +67,7 @@ def test_shared_cores_never_decompose():
         assert c.total_s == pytest.approx(c.compute_s + 3 * c.chunks * c.hop_s)
     assert "take turns on the same cores" in str(pl) and "cannot hide" in pl.why
     # nor where the collective the selector chose is priced above the ring's hops (two cost
-    # sources that disagree; seen in CI with an uncalibrated model): that is not overlap
+    # sources that disagree; seen in a full run with an uncalibrated model): that is not overlap
     dear = plan("all_gather_matmul", (4096, 256), (256, 8), torch.float32, 4, slow, RATE,
                 serial=True, plain_s=1.0)
     assert min(c.total_s for c in dear.candidates[1:]) < dear.candidates[0].total_s, str(dear)

@@ -1,8 +1,8 @@
 """2D tensor parallelism (commlib.nn.Linear2D and the other 2D layers, split_2d / gather_2d): the
-multi-rank cases of tests/mpi/tp2d_cases.py and tests/mpi/tp2d_layers.py in one mpiexec job per world size (1, 2, 3, 4 and 6,
-so meshes 1x1, 1x2, 2x1, 1x3, 3x1, 1x4, 4x1, 2x2, 1x6, 6x1 and 2x3; at 3 ranks under
-COMMLIB_DEBUG=1, whose call checks then run in every layer), each against the dense torch
-modules. Every job has a hard timeout (a deadlock fails the test)."""
+multi-rank cases of tests/mpi/tp2d_cases.py and tests/mpi/tp2d_layers.py in one mpiexec job per
+world size (1, 2, 3, 4 and 6, so meshes 1x1, 1x2, 2x1, 1x3, 3x1, 1x4, 4x1, 2x2, 1x6, 6x1 and 2x3;
+at 3 ranks under COMMLIB_DEBUG=1, whose call checks then run in every layer), each against the
+dense torch modules. Every job has a hard timeout (a deadlock fails the test)."""
 
 from __future__ import annotations
 
