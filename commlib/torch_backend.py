@@ -44,9 +44,10 @@ from .api.groups import (
     member_group,
 )
 from .engines.torch_dist import TorchBackend
-from .errors import CommArgumentError, CommStateError
+from .errors import CommArgumentError, CommConfigError, CommStateError
 from .runtime.group import state as _state
 from .runtime.progress import lane_of, overlaps
+from .topology.host import interface_addresses
 from .tuning import bucket_sizes
 
 __all__ = [
@@ -330,18 +331,26 @@ def mpi_environment() -> dict:
     """Under an MPI launcher, with commlib initialized on MPI: the variables torch's ``env://``
     rendezvous reads (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
     ``MASTER_ADDR``, ``MASTER_PORT``: rank 0's address and a free port on it, broadcast), set
-    where missing; returns them. Collective over the world."""
+    where missing; returns them. Collective over the world. Rank 0's address is its host name's,
+    or where no resolver knows the name its first network interface's that is not loopback;
+    with neither, every rank raises ``CommConfigError`` (set ``MASTER_ADDR``)."""
     world = get_world_group()
     port = torch.zeros(1, dtype=torch.int64)
     addr = torch.zeros(256, dtype=torch.uint8)
     if world.rank == 0:
-        name = os.environ.get("MASTER_ADDR") or socket.gethostbyname(socket.gethostname())
+        name = _own_address()
         with socket.socket() as s:
             s.bind(("", 0))
             port[0] = int(os.environ.get("MASTER_PORT") or s.getsockname()[1])
         addr[:len(name)] = torch.tensor(list(name.encode()), dtype=torch.uint8)
     _c.broadcast(port, group_src=0)
     _c.broadcast(addr, group_src=0)
+    if not addr.any():  # rank 0 found no address: every rank says so
+        raise CommConfigError(
+            "commlib.torch_backend.mpi_environment: rank 0's host name does not resolve to an "
+            "address and its host has no network interface with one besides loopback, so the "
+            "other ranks cannot reach torch's rendezvous there. Fix: set MASTER_ADDR to an "
+            "address of rank 0's host that every rank reaches (mpiexec -genv MASTER_ADDR ...)")
     layout = world.resources.layout
     host = next((h for h in layout.hosts if world.rank in h), [world.rank]) if layout else [0]
     values = {
@@ -352,6 +361,19 @@ def mpi_environment() -> dict:
     for k, v in values.items():
         os.environ.setdefault(k, v)
     return {k: os.environ[k] for k in values}
+
+
+def _own_address() -> str:
+    """An address of this host (rank 0's) for torch's rendezvous: ``MASTER_ADDR``, else what its
+    host name resolves to, else its first network interface's address that is not loopback (a
+    host name no resolver knows, as in a network namespace); '' if none."""
+    name = os.environ.get("MASTER_ADDR")
+    if name:
+        return name
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return next((a for a in interface_addresses() if not a.startswith("127.")), "")
 
 
 def register() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import pathlib
 import re
+import socket
 import subprocess
 import sys
 
@@ -15,6 +16,7 @@ import pytest
 from commlib.topology import (TopologyError, TopologyFormatError, catalog_dir, catalog_names, cluster, discover,
                               load, load_catalog, load_graphs, loads, mesh_order)
 from commlib.topology.build import Builder
+from commlib.topology.host import interface_addresses
 from commlib.topology.catalog import source_line
 from commlib.topology.matrix import write_matrix
 from commlib.topology.nccl_xml import write_graphs
@@ -422,3 +424,14 @@ def test_picture_has_every_device_and_nvlink(tmp_path):
     assert svg.count('<path d="M') == pairs == 16
     with pytest.raises(TopologyError, match=r"\.svg or \.png"):
         topo.draw(tmp_path / "v100.gif")
+
+
+def test_interface_addresses_are_ipv4_with_loopback_last():
+    """This host's interface addresses (Linux): dotted IPv4 quads, the loopback interface's among
+    them, every loopback address after every other one."""
+    found = interface_addresses()
+    assert "127.0.0.1" in found, found
+    for a in found:
+        socket.inet_aton(a)
+    loop = [a.startswith("127.") for a in found]
+    assert loop == sorted(loop), found

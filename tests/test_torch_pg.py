@@ -8,11 +8,15 @@ by gloo in the same job, or by one process (see each case).
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 import sys
 import time
 
 import pytest
+
+import commlib.torch_backend as tb
+from commlib.errors import CommConfigError
 
 from conftest import ROOT, mpiexec_path, run_mpi, torchrun_env
 from test_torch_backend import run_torch
@@ -103,3 +107,23 @@ def test_uneven_inputs_end_with_a_timeout():
     assert re.search(TYPED.replace("Backend|", ""), err), err[-2000:]
     assert seconds < 10 + 5 + 10, seconds  # + start-up and the three matched steps
     assert results[1][1] is None or results[1][1] > seconds  # rank 1 outlived it
+
+
+def test_rendezvous_address_where_the_host_name_does_not_resolve(self_world, monkeypatch):
+    """``mpi_environment`` on a host whose name no resolver knows (a network namespace, the
+    multi-host cluster's hosts): rank 0's first non-loopback interface address, and where it has
+    none, a ``CommConfigError`` naming MASTER_ADDR (raised on every rank) instead of
+    ``socket.gaierror``."""
+    def unresolvable(name):
+        raise socket.gaierror(-3, "Temporary failure in name resolution")
+
+    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(socket, "gethostbyname", unresolvable)
+    monkeypatch.setattr(tb, "interface_addresses", lambda: ["10.1.2.3", "127.0.0.1"])
+    assert tb.mpi_environment()["MASTER_ADDR"] == "10.1.2.3"
+    monkeypatch.delenv("MASTER_ADDR")
+    monkeypatch.setattr(tb, "interface_addresses", lambda: ["127.0.0.1"])
+    with pytest.raises(CommConfigError, match="set MASTER_ADDR"):
+        tb.mpi_environment()

@@ -9,15 +9,18 @@ shared-memory segment; ranks with the same value must really share the machine).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import socket
+import struct
 from dataclasses import dataclass
 from typing import Sequence
 
-__all__ = ["host_id", "host_hash", "HostLayout"]
+__all__ = ["host_id", "host_hash", "HostLayout", "interface_addresses"]
 
 _BOOT_ID = "/proc/sys/kernel/random/boot_id"
+_SIOCGIFADDR = 0x8915  # Linux: an interface's IPv4 address
 
 
 def host_id() -> str:
@@ -38,6 +41,24 @@ def host_hash() -> int:
     """:func:`host_id` as a non-negative 63-bit integer (cheap to all-gather)."""
     digest = hashlib.blake2b(host_id().encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
+
+
+def interface_addresses() -> list[str]:
+    """This host's IPv4 addresses, one per network interface that has one, in the interfaces'
+    order, loopback last ([] where they cannot be read: not Linux)."""
+    found = []
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return []
+    for name in names:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name[:15].encode()))
+        except OSError:
+            continue  # no IPv4 address on this interface
+        found.append(socket.inet_ntoa(packed[20:24]))
+    return [a for a in found if not a.startswith("127.")] + [a for a in found if a.startswith("127.")]
 
 
 @dataclass(frozen=True)
