@@ -119,7 +119,10 @@ def test_rendezvous_address_where_the_host_name_does_not_resolve(self_world, mon
 
     for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
                 "LOCAL_WORLD_SIZE"):
-        monkeypatch.delenv(key, raising=False)
+        # setenv first: monkeypatch then restores the caller's state, absent or not, whatever
+        # mpi_environment sets (delenv of an absent variable would record nothing)
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
     monkeypatch.setattr(socket, "gethostbyname", unresolvable)
     monkeypatch.setattr(tb, "interface_addresses", lambda: ["10.1.2.3", "127.0.0.1"])
     assert tb.mpi_environment()["MASTER_ADDR"] == "10.1.2.3"
