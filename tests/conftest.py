@@ -102,6 +102,30 @@ def run_mpi_hosts(hosts: list[str], script: str, *args: str, timeout: float = 24
     return run_cmd(cmd, timeout=timeout, env=base_env(**env), check=check)
 
 
+# torch.distributed's rendezvous variables: a test that leaves one set in this process hands it to
+# every later launch (run_mpi copies the environment), whose ranks then rendezvous at the wrong
+# address or with the wrong world.
+_RENDEZVOUS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def _rendezvous_untouched():
+    """Fail the test that changed a rendezvous variable of this process (restoring it), instead
+    of a later launch that inherits it."""
+    before = {k: os.environ.get(k) for k in _RENDEZVOUS}
+    yield
+    changed = {k: os.environ.get(k) for k in _RENDEZVOUS if os.environ.get(k) != before[k]}
+    for k in changed:
+        if before[k] is None:
+            del os.environ[k]
+        else:
+            os.environ[k] = before[k]
+    if changed:
+        pytest.fail(f"the test left torch's rendezvous variables changed in the test process: "
+                    f"{changed} (restored now); later launches would inherit them. Fix: use "
+                    f"monkeypatch.setenv before changing them, so that they are restored")
+
+
 @pytest.fixture
 def mpirun():
     return run_mpi
