@@ -9,13 +9,17 @@ shared-memory segment; ranks with the same value must really share the machine).
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import socket
 import struct
 from dataclasses import dataclass
 from typing import Sequence
+
+try:  # POSIX only: interface_addresses() finds none elsewhere
+    import fcntl
+except ImportError:
+    fcntl = None
 
 __all__ = ["host_id", "host_hash", "HostLayout", "interface_addresses"]
 
@@ -49,7 +53,9 @@ def interface_addresses() -> list[str]:
     found = []
     try:
         names = [name for _, name in socket.if_nameindex()]
-    except OSError:
+    except (OSError, AttributeError):  # AttributeError: no if_nameindex on this platform
+        return []
+    if fcntl is None:
         return []
     for name in names:
         try:
