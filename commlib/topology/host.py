@@ -50,13 +50,13 @@ def host_hash() -> int:
 def interface_addresses() -> list[str]:
     """This host's IPv4 addresses, one per network interface that has one, in the interfaces'
     order, loopback last ([] where they cannot be read: not Linux)."""
-    found = []
+    if fcntl is None or not hasattr(socket, "if_nameindex"):
+        return []
     try:
         names = [name for _, name in socket.if_nameindex()]
-    except (OSError, AttributeError):  # AttributeError: no if_nameindex on this platform
+    except OSError:
         return []
-    if fcntl is None:
-        return []
+    found = []
     for name in names:
         try:
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -64,7 +64,7 @@ def interface_addresses() -> list[str]:
         except OSError:
             continue  # no IPv4 address on this interface
         found.append(socket.inet_ntoa(packed[20:24]))
-    return [a for a in found if not a.startswith("127.")] + [a for a in found if a.startswith("127.")]
+    return sorted(found, key=lambda a: a.startswith("127."))  # stable: loopback last
 
 
 @dataclass(frozen=True)
