@@ -37,10 +37,13 @@ def test_ddp_bench_runs_and_checks(tmp_path):
         for name, r in rows.items():
             assert f"  {name:>17} | " in text, (name, text)
             assert len(r["rounds_s"]) == 2 and r["step_s"] > 0, r
+            assert 0 < r["backward_s"] < max(r["rounds_s"]), r  # a part of the step
             if name == "compute":
                 assert r["wrong"] is None and r["hidden"] is None and not r["buckets"], r
+                assert r["hidden_bound"] is None, r
             else:
                 assert r["wrong"] == 0 and 0 <= r["hidden"] <= 1, r
+                assert 0 < r["hidden_bound"] <= 1, r
                 # DDP's rebuilt buckets hold every gradient once (bytes, float32)
                 assert sum(r["buckets"]) == 4 * model["params"], r
                 assert len(r["comm_rounds_s"]) == 2 and r["comm_alone_s"] > 0, r
@@ -60,6 +63,22 @@ def test_ddp_bench_runs_the_rows_asked_for():
     bad = bench(2, "ddp", "--models", "mlp", *TINY, "--rows", "commlib,nccl", check=False)
     assert bad.returncode == 2 and "--rows takes commlib, commlib-tuned" in bad.stderr, bad.stderr
     assert "gloo-tuned" in bad.stderr, bad.stderr
+
+
+def test_ddp_bench_device_waits_lengthen_the_backward_only(tmp_path):
+    """``--device-ms``: the backward waits that long in all, with the CPU free (the compute row's
+    backward takes at least as long as the waits, where these tiny models compute it in about a
+    millisecond), every module with parameters gets its share (the header counts them: the
+    transformer's attention, its two linears, two norms and the head), and the parameters still
+    agree with gloo's."""
+    out = tmp_path / "ddp.json"
+    proc = bench(2, "ddp", "--models", "transformer", *TINY, "--rows", "commlib-tuned",
+                 "--device-ms", "40", "--json", str(out))
+    assert "the backward waits 40 ms with the CPU free, over 6 modules" in proc.stdout, proc.stdout
+    assert ": 0 OK" in proc.stdout, proc.stdout
+    rows = {r["config"]: r for r in json.loads(out.read_text())["models"][0]["rows"]}
+    assert rows["compute"]["backward_s"] >= 0.040, rows["compute"]
+    assert rows["gloo"]["backward_s"] >= 0.040, rows["gloo"]
 
 
 def test_ddp_trace_reports_each_configuration():
