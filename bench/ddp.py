@@ -45,9 +45,10 @@ comm alone, clipped to [0, 1], per round, then the median: the share of the comm
 step did not pay for. DDP's own work (copying gradients into its buckets and back) counts as
 communication not hidden. ``backward ms``: the configuration's ``loss.backward()`` (under DDP it
 ends when the last bucket's all-reduce has, so it holds the exposed communication too).
-``bound`` = the ``compute`` row's backward / comm alone, capped at 1, per round, then the
-median: DDP issues its all-reduces during the backward pass, so no backend can hide more than
-that share of them. Where the bound is below the goal, the goal cannot be met by any backend on
+``bound`` = the ``compute`` row's backward / comm alone, capped at 1 and at the share of the
+bytes not in DDP's last bucket, per round, then the median: DDP issues its all-reduces during the
+backward pass, and the last one when it ends, so no backend can hide more than that share of
+them. Where the bound is below the goal, the goal cannot be met by any backend on
 that model and batch; a larger batch lengthens the backward, not the communication.
 
 ``--device-ms M``: the backward waits M ms in all with the CPU free, before each layer's own
@@ -428,11 +429,12 @@ def hidden_share(comm: float, compute: float, step: float) -> float:
     return min(1.0, max(0.0, (comm + compute - step) / comm))
 
 
-def hidden_bound(comm: float, backward: float) -> float:
+def hidden_bound(comm: float, backward: float, buckets: list[int]) -> float:
     """The largest share of ``comm`` any backend could hide: DDP issues the all-reduces during
     the backward pass (``backward`` seconds without communication), so at most that much of them
-    runs beside it."""
-    return min(1.0, backward / comm)
+    runs beside it; and its last bucket (``buckets``: bytes, in DDP's order) is ready only when
+    the backward ends, so its share of the bytes runs after it."""
+    return min(1.0, backward / comm, 1.0 - buckets[-1] / sum(buckets))
 
 
 def run_model(model: Model, gloo, args, out, cpu: CpuGate, copies: CopyGate) -> dict:
@@ -486,7 +488,8 @@ def run_model(model: Model, gloo, args, out, cpu: CpuGate, copies: CopyGate) -> 
         hidden = None if comm is None else statistics.median(
             hidden_share(*x) for x in zip(c.samples["comm"], compute_rounds, c.samples["step"]))
         bound = None if comm is None else statistics.median(
-            hidden_bound(*x) for x in zip(c.samples["comm"], backward_rounds))
+            hidden_bound(comm_s, bw, c.buckets)
+            for comm_s, bw in zip(c.samples["comm"], backward_rounds))
         row = {"config": c.name, "step_s": step, "rounds_s": c.samples["step"],
                "gloo_over_this": ratio, "comm_alone_s": comm,
                "comm_rounds_s": c.samples["comm"], "compute_s": compute, "hidden": hidden,

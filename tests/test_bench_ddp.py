@@ -43,7 +43,9 @@ def test_ddp_bench_runs_and_checks(tmp_path):
                 assert r["hidden_bound"] is None, r
             else:
                 assert r["wrong"] == 0 and 0 <= r["hidden"] <= 1, r
-                assert 0 < r["hidden_bound"] <= 1, r
+                # one bucket is ready only when the backward ends: nothing of it can hide
+                assert 0 <= r["hidden_bound"] <= 1, r
+                assert (r["hidden_bound"] == 0) == (len(r["buckets"]) == 1), r
                 # DDP's rebuilt buckets hold every gradient once (bytes, float32)
                 assert sum(r["buckets"]) == 4 * model["params"], r
                 assert len(r["comm_rounds_s"]) == 2 and r["comm_alone_s"] > 0, r
