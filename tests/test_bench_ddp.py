@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 
+from conftest import ROOT, base_env
 from test_bench import bench
 
 TINY = ["--mlp-width", "64", "--mlp-layers", "3", "--mlp-batch", "4", "--tf-dim", "32",
@@ -165,3 +168,31 @@ def test_wait_cpu_gives_each_row_its_wall_and_cpu_time():
         assert low - 0.005 <= share <= high + 0.005, (name, proc.stdout)
     for name in list(table)[2:]:
         assert f"# {name}: CPU " in proc.stdout and "x gloo's, wall " in proc.stdout, proc.stdout
+
+
+def test_ddp_bench_goal_lines_across_hosts():
+    """bench/ddp.py's goal lines for a run across hosts (its ``goals``, on rows given here): the
+    hidden share is judged on the rows with commlib's proposed buckets, each with its bound; the
+    rows with DDP's default buckets are shown beside, unjudged (their last bucket is issued when
+    the backward ends); the worst commlib row against gloo decides "not slower"."""
+    def row(config, ratio, hidden, bound):
+        return {"config": config, "gloo_over_this": ratio, "hidden": hidden,
+                "hidden_bound": bound, "rounds_s": [0.2, 0.2]}
+
+    rows = [row("commlib", 1.01, 0.05, 0.1), row("commlib-tuned", 1.3, 0.75, 0.94),
+            row("commlib-tuned-avg", 0.98, 0.55, 0.94), row("gloo", 1.0, 0.02, 0.1)]
+    rows[-1]["rounds_s"] = [0.19, 0.21]
+    code = ("import json, sys; sys.path.insert(0, 'bench'); import ddp; "
+            f"print(json.dumps(ddp.goals([{{'model': 'transformer', 'rows': {rows!r}}}], 2)))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env=base_env())
+    assert proc.returncode == 0, proc.stderr
+    lines = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert lines[0].endswith("n/a (across hosts)"), lines
+    assert lines[1] == ("# goal: not slower than gloo anywhere: worst gloo/commlib 0.98x "
+                        "(transformer commlib-tuned-avg, faster than gloo in 1 of 2 rounds) MISS")
+    assert lines[2] == ("# goal: on the vcluster >= 60% hidden (commlib's proposed buckets): "
+                        "transformer commlib-tuned 75.0% (bound 94%) PASS, "
+                        "transformer commlib-tuned-avg 55.0% (bound 94%) MISS"), lines
+    assert lines[3] == ("#   DDP's default buckets (the last one issued when the backward ends): "
+                        "transformer commlib 5.0% (bound 10%)"), lines
