@@ -534,7 +534,7 @@ def goals(results: list[dict], hosts: int) -> list[str]:
     worst = min(((x["gloo_over_this"], f"{r['model']} {x['config']}", rounds_won(r, x))
                  for r in results for x in commlib_rows(r)), default=None)
     if worst:
-        lines.append(f"# goal: not slower than gloo anywhere: worst gloo/commlib {worst[0]:.2f}x "
+        lines.append(f"# goal: not slower than gloo anywhere: worst gloo/commlib {worst[0]:.3f}x "
                      f"({worst[1]}, faster than gloo in {worst[2]} rounds) "
                      f"{'PASS' if worst[0] >= 1.0 else 'MISS'}")
     if hosts > 1:
