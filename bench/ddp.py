@@ -48,15 +48,17 @@ ends when the last bucket's all-reduce has, so it holds the exposed communicatio
 ``bound`` = the ``compute`` row's backward / comm alone, capped at 1 and at the share of the
 bytes not in DDP's last bucket, per round, then the median: DDP issues its all-reduces during the
 backward pass, and the last one when it ends, so no backend can hide more than that share of
-them (up to the noise of ``hidden``, a difference of step times). Where the bound is below the goal, the goal cannot be met by any backend on
-that model and batch; a larger batch lengthens the backward, not the communication.
+them (up to the noise of ``hidden``, a difference of step times). Where the bound is below the
+goal, no backend can meet it on that model and batch; a larger batch lengthens the backward, not
+the communication.
 
 ``--device-ms M``: the backward waits M ms in all with the CPU free, before each layer's own
 backward in proportion to its parameters, as the host thread of accelerator training waits for
-the device's kernels (the models' parameters and gradients are unchanged). On CPUs that compute at full occupancy the communication's own CPU
-(the kernel's socket copies, the progress of the all-reduces) lengthens the backward whatever the
-backend; with device waits the backward leaves the cores free part of the time, as it does on
-GPUs, and the share hidden is the overlap's, not the cores'.
+the device's kernels (the models' parameters and gradients are unchanged). On CPUs that compute
+at full occupancy the communication's own CPU (the kernel's socket copies, the progress of the
+all-reduces) lengthens the backward whatever the backend; with device waits the backward leaves
+the cores free part of the time, as it does on GPUs, and the share hidden is the overlap's, not
+the cores'.
 
 After the rounds, every DDP copy's parameters must agree with gloo's to 1e-5 relative (and be the
 same on every rank): ``#wrong`` counts the elements that do not.
