@@ -130,14 +130,18 @@ def device_waits(module: torch.nn.Module, ms: float) -> str:
     gradients and the parameters' check are unchanged. Returns the models' description of it."""
     if ms <= 0:
         return ""
-    # MultiheadAttention applies its out_proj's weights itself (out_proj's forward never runs):
-    # the attention owns them
-    inside = {id(c) for m in module.modules() if isinstance(m, torch.nn.MultiheadAttention)
-              for c in m.modules() if c is not m}
-    owners = [(m, sum(p.numel() for p in m.parameters(
-                  recurse=isinstance(m, torch.nn.MultiheadAttention))))
-              for m in module.modules() if id(m) not in inside]
-    owners = [(m, n) for m, n in owners if n]
+    owners, inside = [], set()
+    for m in module.modules():
+        if id(m) in inside:
+            continue
+        # MultiheadAttention applies its out_proj's weights itself (out_proj's forward never
+        # runs): the attention owns them
+        whole = isinstance(m, torch.nn.MultiheadAttention)
+        if whole:
+            inside.update(id(c) for c in m.modules())
+        n = sum(p.numel() for p in m.parameters(recurse=whole))
+        if n:
+            owners.append((m, n))
     total = sum(n for _, n in owners)
 
     def wait(seconds):
@@ -543,16 +547,13 @@ def goals(results: list[dict], hosts: int) -> list[str]:
         # the rows with commlib's proposed buckets, each on its own; with DDP's default buckets
         # the last, largest bucket is issued when the backward ends, so there only the first
         # (1 MiB) one can hide: those rows are shown beside, with their bound
-        def judged(x):
-            return "tuned" in x["config"]
-
         rows = [(r["model"], x) for r in results for x in commlib_rows(r)
                 if x["hidden"] is not None]
         each = ", ".join(f"{m} {x['config']} {x['hidden']:.1%} (bound {x['hidden_bound']:.0%}) "
                          f"{'PASS' if x['hidden'] >= GOAL_HIDDEN else 'MISS'}"
-                         for m, x in rows if judged(x))
-        beside = ", ".join(f"{m} {x['config']} {x['hidden']:.1%} (bound "
-                           f"{x['hidden_bound']:.0%})" for m, x in rows if not judged(x))
+                         for m, x in rows if "tuned" in x["config"])
+        beside = ", ".join(f"{m} {x['config']} {x['hidden']:.1%} (bound {x['hidden_bound']:.0%})"
+                           for m, x in rows if "tuned" not in x["config"])
         if each:
             lines.append(f"# goal: on the vcluster >= {GOAL_HIDDEN:.0%} hidden (commlib's proposed "
                          f"buckets): {each}")

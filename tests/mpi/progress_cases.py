@@ -28,7 +28,7 @@ from commlib.topology.affinity import host_cpu_count
 # of ms (0.6 s was once not enough for a 1 MiB ring at 3 ranks on gloo). 2 s leaves room.
 COMPUTE_S = 2.0
 # While every algorithm's operations are in flight at once (five or six), per core's worth of
-# ranks: where the ranks outnumber the cores, the three waiting ranks poll on the cores and the
+# ranks: where the ranks outnumber the cores, the waiting ranks poll on the cores and the
 # niced thread is starved harder. At 4 ranks on 2 cores they finished 0.6-1.0 s after the issue
 # in a quiet phase of the host, and once not within 4 s (a CI run in a slow phase): 8 s there.
 COMPUTE_ALL_S = 4.0
