@@ -203,6 +203,11 @@ def main() -> None:
     # No clean shutdown after a peer died or stopped (MPI_Finalize or a destroyed gloo group could
     # wait for it); in raise mode the world is whole again and finalizes normally.
     if FAULT != "raise":
+        if FAULT == "stop":
+            # the other survivor may still be inside its timeout: under mpiexec, hydra kills the
+            # job's ranks once one leaves without MPI_Finalize, so leaving first could end the
+            # other before it reports (seen once in CI: rank 0 reported and left, rank 2 never did)
+            time.sleep(float(os.environ.get("COMMLIB_TIMEOUT", "3")) + 1)
         os._exit(0)
     commlib.destroy_process_group()
 
