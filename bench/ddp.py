@@ -45,6 +45,12 @@ comm alone, clipped to [0, 1], per round, then the median: the share of the comm
 step did not pay for. DDP's own work (copying gradients into its buckets and back) counts as
 communication not hidden. ``backward ms``: the configuration's ``loss.backward()`` (under DDP it
 ends when the last bucket's all-reduce has, so it holds the exposed communication too).
+``exposed ms``: the part of ``backward ms`` after the last gradient was ready (the backward's
+compute ended), on the rank whose gradients were ready last (the least over ranks: the others
+wait for its compute too); ``behind`` = 1 - exposed / comm alone, clipped, per round, then the
+median: the share of the communication done behind the backward's compute. It leaves out what
+``hidden`` also counts against the communication: the compute it slowed (the kernel's socket
+copies, the backends' threads, on the cores that compute).
 ``bound`` = the ``compute`` row's backward / comm alone, capped at 1 and at the share of the
 bytes not in DDP's last bucket, per round, then the median: DDP issues its all-reduces during the
 backward pass, and the last one when it ends, so no backend can hide more than that share of
@@ -68,6 +74,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import os
 import statistics
 import sys
@@ -90,6 +97,7 @@ torch.set_num_threads(1)
 COMM = MPI.COMM_WORLD
 GOAL_SPEEDUP = 1.5    # issue 21: gloo / commlib step time, one host, communication-heavy model
 GOAL_HIDDEN = 0.6     # across hosts: share of the gradient all-reduces hidden behind backward
+SLOWER_P = 0.05      # "slower than gloo": the sign test over the rounds at this level
 RTOL = 1e-5           # parameters of every DDP copy against gloo's after the same steps
 DDP_ROWS = ("commlib", "commlib-tuned", "commlib-avg", "commlib-tuned-avg", "mpi", "gloo")
 EXTRA_ROWS = ("gloo-tuned",)  # run only when --rows names them
@@ -223,21 +231,33 @@ class Config:
         self.opt = torch.optim.SGD(self.module.parameters(), lr=1e-3)
         self.bucket_cap_mb = bucket_cap_mb
         self.buckets: list[int] = []  # bytes of each bucket, filled after the warm-up
-        self.samples: dict[str, list[float]] = {"step": [], "comm": [], "backward": []}
+        self.samples: dict[str, list[float]] = {"step": [], "comm": [], "backward": [],
+                                                 "exposed": []}
         self.backward_s = 0.0  # this rank's backward passes since the last read (backward_since)
+        # when this rank's last gradient was accumulated (the backward's compute ended), and the
+        # time from there to the end of ``backward()`` (DDP's wait for its all-reduces), summed
+        self.grad_ready, self.exposed_s = 0.0, 0.0
+        for p in self.module.parameters():
+            p.register_post_accumulate_grad_hook(self._grad_ready)
+
+    def _grad_ready(self, _) -> None:
+        self.grad_ready = time.perf_counter()
 
     def step(self) -> None:
         self.opt.zero_grad(set_to_none=False)
         loss = torch.nn.functional.mse_loss(self.net(self.model.x), self.model.y)
         t0 = time.perf_counter()
         loss.backward()
-        self.backward_s += time.perf_counter() - t0
+        t1 = time.perf_counter()
+        self.backward_s += t1 - t0
+        self.exposed_s += t1 - self.grad_ready
         self.opt.step()
 
-    def backward_since(self) -> float:
-        """This rank's seconds in ``backward()`` since the last call (reset)."""
-        s, self.backward_s = self.backward_s, 0.0
-        return s
+    def backward_since(self) -> tuple[float, float]:
+        """This rank's seconds in ``backward()`` since the last call, and of those the seconds
+        after its last gradient was ready (reset)."""
+        s, self.backward_s, e, self.exposed_s = self.backward_s, 0.0, self.exposed_s, 0.0
+        return s, e
 
     def steps(self, k: int):
         def run():
@@ -380,8 +400,8 @@ class CpuGate(Gate):
             return f"# busy cores: not checked ({self.off})"
         if self.best == float("inf"):
             return "# busy cores: not checked (--patience 0)"
-        return (f"# busy cores: waited {self.waited:.1f} s in all; canary (20 matmuls 256x256) best "
-                f"{self.best * 1e3:.2f} ms; measured anyway after {self.patience:.0f} s: "
+        return (f"# busy cores: waited {self.waited:.1f} s in all; canary (20 matmuls 256x256) "
+                f"best {self.best * 1e3:.2f} ms; measured anyway after {self.patience:.0f} s: "
                 f"{self.gave_up} round(s)")
 
 
@@ -435,6 +455,13 @@ def hidden_share(comm: float, compute: float, step: float) -> float:
     return min(1.0, max(0.0, (comm + compute - step) / comm))
 
 
+def behind_share(comm: float, exposed: float) -> float:
+    """The share of ``comm`` (the all-reduces alone) that did not come after the backward's
+    compute: 1 - ``exposed`` (the time from the last gradient ready to the end of ``backward()``)
+    / ``comm``, clipped to [0, 1]."""
+    return min(1.0, max(0.0, 1.0 - exposed / comm))
+
+
 def hidden_bound(comm: float, backward: float, buckets: list[int]) -> float:
     """The largest share of ``comm`` any backend could hide: DDP issues the all-reduces during
     the backward pass (``backward`` seconds without communication), so at most that much of them
@@ -469,8 +496,11 @@ def run_model(model: Model, gloo, args, out, cpu: CpuGate, copies: CopyGate) -> 
             c.step()  # settle: the one before left caches and threads in its own state
             c.backward_since()
             c.samples["step"].append(timed_slowest(c.steps(args.steps), COMM) / args.steps)
-            c.samples["backward"].append(COMM.allreduce(c.backward_since(), op=MPI.MAX)
-                                         / args.steps)
+            backward, exposed = c.backward_since()
+            c.samples["backward"].append(COMM.allreduce(backward, op=MPI.MAX) / args.steps)
+            # the rank whose gradients were ready last waits only for the communication (the
+            # others wait for its compute too): the least of the ranks' times after the compute
+            c.samples["exposed"].append(COMM.allreduce(exposed, op=MPI.MIN) / args.steps)
             if c.buckets:
                 c.comm_alone(1)()
                 c.samples["comm"].append(timed_slowest(c.comm_alone(args.steps), COMM)
@@ -483,8 +513,8 @@ def run_model(model: Model, gloo, args, out, cpu: CpuGate, copies: CopyGate) -> 
     compute = statistics.median(compute_rounds)
     rows = []
     out(f"# {'config':>17} | {'step ms':>8} | {'gloo/this':>9} | {'comm alone ms':>13} | "
-        f"{'compute ms':>10} | {'backward ms':>11} | {'hidden':>6} | {'bound':>5} | "
-        f"{'#wrong':>6}")
+        f"{'compute ms':>10} | {'backward ms':>11} | {'exposed ms':>10} | {'hidden':>6} | "
+        f"{'behind':>6} | {'bound':>5} | {'#wrong':>6}")
     for c in cfgs:
         step = statistics.median(c.samples["step"])
         comm = statistics.median(c.samples["comm"]) if c.samples["comm"] else None
@@ -493,6 +523,8 @@ def run_model(model: Model, gloo, args, out, cpu: CpuGate, copies: CopyGate) -> 
         ratio = statistics.median(g / s for g, s in zip(gloo_rounds, c.samples["step"]))
         hidden = None if comm is None else statistics.median(
             hidden_share(*x) for x in zip(c.samples["comm"], compute_rounds, c.samples["step"]))
+        behind = None if comm is None else statistics.median(
+            behind_share(*x) for x in zip(c.samples["comm"], c.samples["exposed"]))
         bound = None if comm is None else statistics.median(
             hidden_bound(comm_s, bw, c.buckets)
             for comm_s, bw in zip(c.samples["comm"], backward_rounds))
@@ -500,24 +532,30 @@ def run_model(model: Model, gloo, args, out, cpu: CpuGate, copies: CopyGate) -> 
                "gloo_over_this": ratio, "comm_alone_s": comm,
                "comm_rounds_s": c.samples["comm"], "compute_s": compute, "hidden": hidden,
                "hidden_bound": bound, "backward_s": statistics.median(c.samples["backward"]),
+               "exposed_s": statistics.median(c.samples["exposed"]), "behind": behind,
                "bucket_cap_mb": c.bucket_cap_mb, "buckets": c.buckets,
                "wrong": wrong.get(c.name)}
         rows.append(row)
         out(f"  {c.name:>17} | {step * 1e3:8.2f} | {ratio:8.2f}x | "
             f"{'-' if comm is None else f'{comm * 1e3:.2f}':>13} | {compute * 1e3:10.2f} | "
-            f"{row['backward_s'] * 1e3:11.2f} | "
+            f"{row['backward_s'] * 1e3:11.2f} | {row['exposed_s'] * 1e3:10.2f} | "
             f"{'-' if hidden is None else f'{100 * hidden:.0f}%':>6} | "
+            f"{'-' if behind is None else f'{100 * behind:.0f}%':>6} | "
             f"{'-' if bound is None else f'{100 * bound:.0f}%':>5} | "
             f"{'-' if row['wrong'] is None else row['wrong']:>6}")
     return {"model": model.name, "what": model.what, "params": model.params,
             "grad_bytes": model.grad_bytes, "tuned": note, "rows": rows}
 
 
-def rounds_won(result: dict, row: dict) -> str:
-    """'k of n': the rounds in which ``row``'s step was faster than gloo's (a tie at the link
-    reads as about half of them)."""
+def rounds_won(result: dict, row: dict) -> tuple[int, int, int, float]:
+    """(rounds in which ``row``'s step was faster than gloo's, rounds in which it was slower,
+    rounds, the sign test's p-value of the slower ones: the chance of at least that many if each
+    round were a coin's toss, equal rounds left out). A tie at the link reads as about half."""
     gloo = next(x for x in result["rows"] if x["config"] == "gloo")["rounds_s"]
-    return f"{sum(g > s for g, s in zip(gloo, row['rounds_s']))} of {len(gloo)}"
+    won = sum(g > s for g, s in zip(gloo, row["rounds_s"]))
+    lost = sum(g < s for g, s in zip(gloo, row["rounds_s"]))
+    n = won + lost
+    return won, lost, len(gloo), sum(math.comb(n, k) for k in range(lost, n + 1)) / 2 ** n
 
 
 def goals(results: list[dict], hosts: int) -> list[str]:
@@ -537,26 +575,43 @@ def goals(results: list[dict], hosts: int) -> list[str]:
     else:
         lines.append(f"# goal: commlib >= {GOAL_SPEEDUP}x faster than gloo (one host, comm-heavy "
                      f"model): n/a ({'across hosts' if hosts > 1 else 'no mlp run'})")
-    worst = min(((x["gloo_over_this"], f"{r['model']} {x['config']}", rounds_won(r, x))
-                 for r in results for x in commlib_rows(r)), default=None)
-    if worst:
-        lines.append(f"# goal: not slower than gloo anywhere: worst gloo/commlib {worst[0]:.3f}x "
-                     f"({worst[1]}, faster than gloo in {worst[2]} rounds) "
-                     f"{'PASS' if worst[0] >= 1.0 else 'MISS'}")
+    # "not slower": PASS where every row's median ratio is at least 1; a row below 1 is a MISS
+    # only where the rounds say it is slower (sign test, p < SLOWER_P), else a TIE
+    rows = sorted((x["gloo_over_this"], f"{r['model']} {x['config']}", *rounds_won(r, x))
+                  for r in results for x in commlib_rows(r))
+    if rows:
+        ratio, name, won, lost, rounds, p = rows[0]
+        slower = [x[1] for x in rows if x[0] < 1.0 and x[5] < SLOWER_P]
+        verdict = "PASS" if ratio >= 1.0 else "MISS" if slower else "TIE"
+        lines.append(f"# goal: not slower than gloo anywhere: worst gloo/commlib {ratio:.3f}x "
+                     f"({name}, faster than gloo in {won} of {rounds} rounds, slower in {lost}: "
+                     f"sign test p {p:.2f}) {verdict}"
+                     + (f" (slower: {', '.join(slower)})" if slower else ""))
     if hosts > 1:
         # the rows with commlib's proposed buckets, each on its own; with DDP's default buckets
         # the last, largest bucket is issued when the backward ends, so there only the first
-        # (1 MiB) one can hide: those rows are shown beside, with their bound
+        # (1 MiB) one can hide: those rows are shown beside, with their bound. Two measures:
+        # the step time saved (``hidden``) and the share not after the backward's compute
+        # (``behind``), which leaves out what the communication's CPU took from the compute
         rows = [(r["model"], x) for r in results for x in commlib_rows(r)
                 if x["hidden"] is not None]
-        each = ", ".join(f"{m} {x['config']} {x['hidden']:.1%} (bound {x['hidden_bound']:.0%}) "
-                         f"{'PASS' if x['hidden'] >= GOAL_HIDDEN else 'MISS'}"
+
+        def shares(x, judge):
+            return " / ".join(f"{x[k]:.1%}" + (f" {'PASS' if x[k] >= GOAL_HIDDEN else 'MISS'}"
+                                               if judge else "") for k in ("hidden", "behind"))
+
+        def bound(x):  # below the goal, no backend can meet it on that model and batch
+            return (f"(bound {x['hidden_bound']:.0%}"
+                    + (": no backend can)" if x["hidden_bound"] < GOAL_HIDDEN else ")"))
+
+        each = ", ".join(f"{m} {x['config']} {shares(x, True)} {bound(x)}"
                          for m, x in rows if "tuned" in x["config"])
-        beside = ", ".join(f"{m} {x['config']} {x['hidden']:.1%} (bound {x['hidden_bound']:.0%})"
+        beside = ", ".join(f"{m} {x['config']} {shares(x, False)} (bound "
+                           f"{x['hidden_bound']:.0%})"
                            for m, x in rows if "tuned" not in x["config"])
         if each:
             lines.append(f"# goal: on the vcluster >= {GOAL_HIDDEN:.0%} hidden (commlib's proposed "
-                         f"buckets): {each}")
+                         f"buckets; of the step / behind the backward): {each}")
         if beside:
             lines.append(f"#   DDP's default buckets (the last one issued when the backward "
                          f"ends): {beside}")
