@@ -50,7 +50,9 @@ compute ended), on the rank whose gradients were ready last (the least over rank
 wait for its compute too); ``behind`` = 1 - exposed / comm alone, clipped, per round, then the
 median: the share of the communication done behind the backward's compute. It leaves out what
 ``hidden`` also counts against the communication: the compute it slowed (the kernel's socket
-copies, the backends' threads, on the cores that compute).
+copies, the backends' threads, on the cores that compute). Only where the all-reduces run beside
+the compute (``-`` for commlib's rows where its collectives run in DDP's call: one host with no
+core free, where they are inside the backward, not behind it).
 ``bound`` = the ``compute`` row's backward / comm alone, capped at 1 and at the share of the
 bytes not in DDP's last bucket, per round, then the median: DDP issues its all-reduces during the
 backward pass, and the last one when it ends, so no backend can hide more than that share of
@@ -89,6 +91,7 @@ from mpi4py import MPI
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import commlib.torch_backend
+from commlib.runtime.progress import overlaps
 from commlib.topology.affinity import host_cpu_count
 from _harness import rank0_out, timed_slowest, write_json
 from _quiet import quiet_for, quiet_summary, wait_until
@@ -237,6 +240,10 @@ class Config:
         # when this rank's last gradient was accumulated (the backward's compute ended), and the
         # time from there to the end of ``backward()`` (DDP's wait for its all-reduces), summed
         self.grad_ready, self.exposed_s = 0.0, 0.0
+        # whether the all-reduces run beside the caller's compute: gloo's always (its threads);
+        # commlib's where a progress thread serves the group, else they run in DDP's call, and
+        # what they took was not behind the backward but inside it
+        self.asynchronous = ddp and (group is not None or overlaps(dist.group.WORLD.group))
         for p in self.module.parameters():
             p.register_post_accumulate_grad_hook(self._grad_ready)
 
@@ -523,7 +530,7 @@ def run_model(model: Model, gloo, args, out, cpu: CpuGate, copies: CopyGate) -> 
         ratio = statistics.median(g / s for g, s in zip(gloo_rounds, c.samples["step"]))
         hidden = None if comm is None else statistics.median(
             hidden_share(*x) for x in zip(c.samples["comm"], compute_rounds, c.samples["step"]))
-        behind = None if comm is None else statistics.median(
+        behind = None if comm is None or not c.asynchronous else statistics.median(
             behind_share(*x) for x in zip(c.samples["comm"], c.samples["exposed"]))
         bound = None if comm is None else statistics.median(
             hidden_bound(comm_s, bw, c.buckets)
@@ -533,6 +540,7 @@ def run_model(model: Model, gloo, args, out, cpu: CpuGate, copies: CopyGate) -> 
                "comm_rounds_s": c.samples["comm"], "compute_s": compute, "hidden": hidden,
                "hidden_bound": bound, "backward_s": statistics.median(c.samples["backward"]),
                "exposed_s": statistics.median(c.samples["exposed"]), "behind": behind,
+               "asynchronous": c.asynchronous,
                "bucket_cap_mb": c.bucket_cap_mb, "buckets": c.buckets,
                "wrong": wrong.get(c.name)}
         rows.append(row)
@@ -597,8 +605,9 @@ def goals(results: list[dict], hosts: int) -> list[str]:
                 if x["hidden"] is not None]
 
         def shares(x, judge):
-            return " / ".join(f"{x[k]:.1%}" + (f" {'PASS' if x[k] >= GOAL_HIDDEN else 'MISS'}"
-                                               if judge else "") for k in ("hidden", "behind"))
+            return " / ".join("-" if x[k] is None else f"{x[k]:.1%}" + (
+                f" {'PASS' if x[k] >= GOAL_HIDDEN else 'MISS'}" if judge else "")
+                for k in ("hidden", "behind"))
 
         def bound(x):  # below the goal, no backend can meet it on that model and batch
             return (f"(bound {x['hidden_bound']:.0%}"
