@@ -88,9 +88,12 @@ def test_timeout_in_abort_mode_ends_the_job(mpirun):
     assert "the job was not ended" not in proc.stderr
 
 
-def test_uncaught_exception_on_one_rank_ends_the_job(mpirun):
+@pytest.mark.parametrize("scenario", ["uncaught", "uncaught_torch"])
+def test_uncaught_exception_on_one_rank_ends_the_job(mpirun, scenario):
+    """With torch.distributed on commlib too: its excepthook, installed by init_process_group
+    around commlib's, captures stderr to print it after commlib's returns, which never does."""
     start = time.monotonic()
-    proc = mpirun(4, "failures.py", "uncaught", timeout=60, check=False)
+    proc = mpirun(4, "failures.py", scenario, timeout=60, check=False)
     took = time.monotonic() - start
     assert proc.returncode != 0
     assert "RuntimeError: boom on rank 3" in proc.stderr, proc.stderr

@@ -167,6 +167,11 @@ def _install_abort_hook(backend: Backend) -> None:
     previous = sys.excepthook
 
     def hook(exc_type, exc, tb):
+        # A hook installed after this one may capture stderr in memory around its call, to print
+        # it when this returns (torch.distributed's init_process_group does, to prefix the
+        # rank): this one never returns, so it writes to the process's own stderr there.
+        saved = sys.stderr
+        sys.stderr = _lasting(saved)
         if previous is sys.__excepthook__:
             # One write, not one per line: mpiexec forwards what reached it when the abort
             # ends the job, and once passed on only the first two lines of the traceback (CI).
@@ -175,11 +180,22 @@ def _install_abort_hook(backend: Backend) -> None:
             previous(exc_type, exc, tb)
         sys.stderr.flush()
         sys.stdout.flush()
+        sys.stderr = saved
         time.sleep(0.2)  # the launcher forwards the output before the abort tears the job down
         backend.abort(1)
 
     _state.excepthook = previous
     sys.excepthook = hook
+
+
+def _lasting(stream):
+    """``stream``, or the process's own stderr where ``stream`` lives in memory only (no file
+    descriptor: a capture, whose text an abort would lose)."""
+    try:
+        stream.fileno()
+        return stream
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation: both of the last
+        return sys.__stderr__ if sys.__stderr__ is not None else stream
 
 
 def finalize() -> None:

@@ -14,6 +14,8 @@ job:
 * ``abort`` (default mode, COMMLIB_TIMEOUT=2): Work.wait(timeout=) still raises; then a skipped
   blocking collective makes the watchdog end the job.
 * ``uncaught``: an exception on one rank ends the job.
+* ``uncaught_torch``: the same after ``torch.distributed.init_process_group("commlib")``, whose
+  excepthook captures stderr around commlib's (which ends the job): the traceback still shows.
 
 Each rank checks its own exception and message; rank 0 gathers what every rank caught (through
 mpi4py, not commlib) and prints one line per scenario: ``caught <scenario> <Error> ranks [..]``.
@@ -24,9 +26,11 @@ import sys
 import time
 
 import torch
+import torch.distributed as dist
 from mpi4py import MPI
 
 import commlib
+import commlib.torch_backend
 
 commlib.init()
 r, n = commlib.get_rank(), commlib.get_world_size()
@@ -235,7 +239,13 @@ def uncaught_scenario():
     raise SystemExit("the job was not ended")
 
 
+def uncaught_torch_scenario():
+    commlib.torch_backend.mpi_environment()
+    dist.init_process_group("commlib")
+    uncaught_scenario()
+
+
 if __name__ == "__main__":
     {"debug": debug_scenarios, "always": always_scenarios, "timeout": timeout_scenarios, "abort": abort_scenario,
-     "uncaught": uncaught_scenario}[sys.argv[1]]()
+     "uncaught": uncaught_scenario, "uncaught_torch": uncaught_torch_scenario}[sys.argv[1]]()
     summary()
