@@ -589,7 +589,7 @@ def goals(results: list[dict], hosts: int) -> list[str]:
                   for r in results for x in commlib_rows(r))
     if rows:
         ratio, name, won, lost, rounds, p = rows[0]
-        slower = [x[1] for x in rows if x[0] < 1.0 and x[5] < SLOWER_P]
+        slower = [label for q, label, *_, q_p in rows if q < 1.0 and q_p < SLOWER_P]
         verdict = "PASS" if ratio >= 1.0 else "MISS" if slower else "TIE"
         lines.append(f"# goal: not slower than gloo anywhere: worst gloo/commlib {ratio:.3f}x "
                      f"({name}, faster than gloo in {won} of {rounds} rounds, slower in {lost}: "
@@ -604,20 +604,20 @@ def goals(results: list[dict], hosts: int) -> list[str]:
         rows = [(r["model"], x) for r in results for x in commlib_rows(r)
                 if x["hidden"] is not None]
 
-        def shares(x, judge):
-            return " / ".join("-" if x[k] is None else f"{x[k]:.1%}" + (
-                f" {'PASS' if x[k] >= GOAL_HIDDEN else 'MISS'}" if judge else "")
+        def judged(x):
+            return "tuned" in x["config"]
+
+        def cell(x):  # both shares, a verdict each where judged, and the bound
+            text = " / ".join("-" if x[k] is None else f"{x[k]:.1%}" + (
+                f" {'PASS' if x[k] >= GOAL_HIDDEN else 'MISS'}" if judged(x) else "")
                 for k in ("hidden", "behind"))
+            # a judged row's bound below the goal: no backend can meet it on that model and batch
+            unreachable = judged(x) and x["hidden_bound"] < GOAL_HIDDEN
+            return (f"{text} (bound {x['hidden_bound']:.0%}"
+                    + (": no backend can)" if unreachable else ")"))
 
-        def bound(x):  # below the goal, no backend can meet it on that model and batch
-            return (f"(bound {x['hidden_bound']:.0%}"
-                    + (": no backend can)" if x["hidden_bound"] < GOAL_HIDDEN else ")"))
-
-        each = ", ".join(f"{m} {x['config']} {shares(x, True)} {bound(x)}"
-                         for m, x in rows if "tuned" in x["config"])
-        beside = ", ".join(f"{m} {x['config']} {shares(x, False)} (bound "
-                           f"{x['hidden_bound']:.0%})"
-                           for m, x in rows if "tuned" not in x["config"])
+        each = ", ".join(f"{m} {x['config']} {cell(x)}" for m, x in rows if judged(x))
+        beside = ", ".join(f"{m} {x['config']} {cell(x)}" for m, x in rows if not judged(x))
         if each:
             lines.append(f"# goal: on the vcluster >= {GOAL_HIDDEN:.0%} hidden (commlib's proposed "
                          f"buckets; of the step / behind the backward): {each}")
